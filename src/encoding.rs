@@ -6,7 +6,10 @@ pub enum EncodingError {
     #[error("unsupported content-encoding {0:?}")]
     Unsupported(String),
     #[error("corrupt {encoding} stream: {message}")]
-    Corrupt { encoding: &'static str, message: String },
+    Corrupt {
+        encoding: &'static str,
+        message: String,
+    },
     #[error("decoded body exceeds the {0}-byte scan cap")]
     TooLarge(usize),
 }

@@ -21,9 +21,9 @@ impl HashKey {
     /// Parses 64 hex characters.
     pub fn from_hex(s: &str) -> Result<Self, String> {
         let bytes = hex::decode(s.trim()).map_err(|e| format!("not hex: {e}"))?;
-        let key: [u8; 32] = bytes
-            .try_into()
-            .map_err(|v: Vec<u8>| format!("expected 32 bytes (64 hex characters), got {}", v.len()))?;
+        let key: [u8; 32] = bytes.try_into().map_err(|v: Vec<u8>| {
+            format!("expected 32 bytes (64 hex characters), got {}", v.len())
+        })?;
         Ok(HashKey(key))
     }
 

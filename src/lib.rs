@@ -2,11 +2,25 @@
 //! answers for data that belongs to another tenant.
 //!
 //! The path of one request reads from the module names:
-//! `server → tenant → protocol (request side) → upstream → body (tap) →
-//! observe → detect → incident + metrics`.
+//! `server → proxy (tenant, protocol request side) → upstream → body (tap) →
+//! observe (protocol response side) → detect → incident + metrics`.
 
+pub mod body;
+pub mod config;
+pub mod detect;
 pub mod encoding;
+pub mod error;
 pub mod hash;
+pub mod incident;
+pub mod metrics;
+pub mod observe;
 pub mod protocol;
+pub mod proxy;
+pub mod server;
+pub mod telemetry;
 pub mod tenant;
 pub mod tokens;
+pub mod upstream;
+
+pub use config::Config;
+pub use server::{Residue, Running};

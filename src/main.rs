@@ -1,1 +1,118 @@
-fn main() {}
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use residue::config::LogFormat;
+use residue::{Config, Residue};
+
+/// residue: a reverse proxy for LLM endpoints that catches answers carrying
+/// another tenant's data.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve(ServeArgs),
+    /// Validate a config file and print every problem found.
+    CheckConfig {
+        /// The TOML file to check.
+        file: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML config file (see residue.example.toml). Flags below override it.
+    #[arg(long, env = "RESIDUE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address clients connect to.
+    #[arg(long, env = "RESIDUE_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// The LLM server to forward to, e.g. http://127.0.0.1:8000.
+    #[arg(long, env = "RESIDUE_UPSTREAM")]
+    upstream: Option<String>,
+    /// Address of /metrics, /healthz and /readyz; keep it away from tenants.
+    #[arg(long, env = "RESIDUE_ADMIN_LISTEN")]
+    admin_listen: Option<SocketAddr>,
+    /// JSON-lines incident file (`-` for stdout).
+    #[arg(long, env = "RESIDUE_INCIDENTS")]
+    incidents: Option<PathBuf>,
+    /// Log as JSON lines instead of for people.
+    #[arg(long, env = "RESIDUE_LOG_JSON")]
+    log_json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { file } => {
+            Config::from_file(&file)?;
+            println!("{}: ok", file.display());
+            Ok(())
+        }
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    if let Some(upstream) = args.upstream {
+        config.upstream.url = upstream;
+    }
+    if let Some(admin) = args.admin_listen {
+        config.server.admin_listen = admin;
+    }
+    if let Some(path) = args.incidents {
+        config.incidents.path = Some(path);
+    }
+    if args.log_json {
+        config.log.format = LogFormat::Json;
+    }
+    residue::telemetry::init(&config.log);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("residue")
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let residue = Residue::bind(config).await?;
+        tracing::info!(admin = %residue.admin_addr(), "Admin listening.");
+        residue.run(shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

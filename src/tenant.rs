@@ -32,7 +32,11 @@ pub struct TenantConfig {
 impl Default for TenantConfig {
     fn default() -> Self {
         TenantConfig {
-            chain: vec![IdentitySource::Header, IdentitySource::Jwt, IdentitySource::ApiKey],
+            chain: vec![
+                IdentitySource::Header,
+                IdentitySource::Jwt,
+                IdentitySource::ApiKey,
+            ],
             header: "x-tenant-id".to_string(),
             trust_header: false,
             jwt: None,

@@ -243,7 +243,12 @@ pub fn usage_from_headers(endpoint: Endpoint, headers: &http::HeaderMap, usage: 
 /// An error body in a family's own JSON shape, produced by residue itself.
 /// `kind` is a short machine-readable code such as `upstream_timeout`.
 /// The body always names residue as the error's source.
-pub fn error_body(family: Option<Family>, status: http::StatusCode, kind: &str, message: &str) -> Vec<u8> {
+pub fn error_body(
+    family: Option<Family>,
+    status: http::StatusCode,
+    kind: &str,
+    message: &str,
+) -> Vec<u8> {
     let _ = (family, status, kind);
     serde_json::json!({"error": {"message": format!("residue: {message}"), "type": kind, "source": "residue"}})
         .to_string()

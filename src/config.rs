@@ -1,0 +1,517 @@
+//! Configuration: one TOML file, validated in two steps (ripgrep's
+//! `LowArgs → HiArgs`): serde reads the raw shape, then [`Config::validate`]
+//! checks values and reports *every* problem at once, each with its field path.
+//!
+//! Unknown fields are errors. They are found with `serde_ignored` rather than
+//! `deny_unknown_fields`, so that all of them are reported, not just the first.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::tenant::TenantConfig;
+
+/// Every problem found in a config, in field order.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid configuration:\n  {}", .errors.join("\n  "))]
+pub struct ConfigError {
+    pub errors: Vec<String>,
+}
+
+impl ConfigError {
+    fn one(msg: impl Into<String>) -> Self {
+        ConfigError {
+            errors: vec![msg.into()],
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub tenant: TenantConfig,
+    pub observe: ObserveConfig,
+    pub accounting: AccountingConfig,
+    pub incidents: IncidentConfig,
+    pub log: LogConfig,
+    pub privacy: PrivacyConfig,
+    /// Per-route settings, matched in order; the first match wins.
+    #[serde(rename = "route")]
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// After SIGTERM/SIGINT, in-flight streams get this long to finish.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Request bodies on scanned routes are read whole (the prompt is needed
+    /// before forwarding); larger ones get a 413.
+    pub max_request_bytes: usize,
+    /// Slow-loris guard: the time a client has to send its request headers.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: ([127, 0, 0, 1], 8080).into(),
+            admin_listen: ([127, 0, 0, 1], 9090).into(),
+            drain_timeout: Duration::from_secs(30),
+            max_request_bytes: 32 << 20,
+            header_read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct UpstreamConfig {
+    /// `http://` or `https://` base URL; the request's path and query are
+    /// appended to its path.
+    pub url: String,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Longest wait for the upstream's response headers (a non-streaming LLM
+    /// answer arrives all at once, so this is generous) → 504.
+    #[serde(with = "humantime_serde")]
+    pub response_timeout: Duration,
+    /// Longest gap between two body frames of a response; past it the
+    /// response is cut off.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Idle pooled connections are closed after this long.
+    #[serde(with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
+    /// Extra PEM CA certificates trusted for https upstreams, besides the
+    /// bundled web PKI roots.
+    pub ca_file: Option<PathBuf>,
+    /// Speak HTTP/2 with prior knowledge (h2c) to an `http://` upstream.
+    pub h2c: bool,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            url: "http://127.0.0.1:8000".to_string(),
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(120),
+            pool_idle_timeout: Duration::from_secs(90),
+            ca_file: None,
+            h2c: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct ObserveConfig {
+    /// Finished exchanges waiting to be scanned; when full, exchanges are
+    /// dropped and counted (`residue_scan_dropped_total{reason="queue_full"}`),
+    /// never waited for.
+    pub queue: usize,
+    /// Scanner threads (decoding and detectors run off the forwarding path).
+    pub workers: usize,
+    /// Bytes of a response kept for scanning; the rest is forwarded but not
+    /// scanned (counted as truncated).
+    pub max_response_bytes: usize,
+}
+
+impl Default for ObserveConfig {
+    fn default() -> Self {
+        ObserveConfig {
+            queue: 4096,
+            workers: 1,
+            max_response_bytes: 8 << 20,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct AccountingConfig {
+    pub enabled: bool,
+    /// A 2xx whose reported prompt tokens are below this fraction of residue's
+    /// count is a `prompt_accounting` incident. 0.5 leaves room for tokenizer
+    /// differences (the estimate is within ±35 %) while `prompt_tokens = 1`
+    /// for a long prompt is far below it.
+    pub min_ratio: f64,
+    /// Prompts shorter than this are not judged: chat templates and
+    /// tokenizer differences dominate small counts.
+    pub min_prompt_tokens: u64,
+}
+
+impl Default for AccountingConfig {
+    fn default() -> Self {
+        AccountingConfig {
+            enabled: true,
+            min_ratio: 0.5,
+            min_prompt_tokens: 64,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct IncidentConfig {
+    /// JSON-lines file incidents are appended to; `-` for stdout; unset to
+    /// keep them only in metrics and logs.
+    pub path: Option<PathBuf>,
+    /// Incidents waiting for the writer; when full they are counted and
+    /// dropped, never waited for.
+    pub queue: usize,
+    /// Write tenant ids as they are instead of as keyed hashes.
+    pub raw_tenant: bool,
+}
+
+impl Default for IncidentConfig {
+    fn default() -> Self {
+        IncidentConfig {
+            path: Some(PathBuf::from("residue-incidents.jsonl")),
+            queue: 1024,
+            raw_tenant: false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    #[default]
+    Pretty,
+    Json,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `residue=debug,hyper=warn`;
+    /// `RESIDUE_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Pretty,
+            level: "info".to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct PrivacyConfig {
+    /// 64 hex characters keying every hash residue keeps. Set it (and keep it
+    /// secret) for hashes that stay comparable across restarts and replicas;
+    /// unset, a random key is generated at start.
+    pub hash_key: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub struct RouteConfig {
+    /// An exact path, or a prefix ending in `*`.
+    pub path: String,
+    /// The model's `tokenizer.json`, for exact prompt-token counts.
+    pub tokenizer: Option<PathBuf>,
+    /// Prompts over this many tokens are answered 413 by residue instead of
+    /// being forwarded.
+    pub max_prompt_tokens: Option<u64>,
+}
+
+impl RouteConfig {
+    pub fn matches(&self, path: &str) -> bool {
+        match self.path.strip_suffix('*') {
+            Some(prefix) => path.starts_with(prefix),
+            None => path == self.path,
+        }
+    }
+}
+
+const SECTIONS: &[&str] = &[
+    "server",
+    "upstream",
+    "tenant",
+    "observe",
+    "accounting",
+    "incidents",
+    "log",
+    "privacy",
+    "route",
+];
+
+impl Config {
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::one(format!("{}: {e}", path.display())))?;
+        Config::from_toml(&text)
+    }
+
+    /// Parses and validates. Each top-level section is read on its own so that
+    /// a type error in one does not hide the errors of the others.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError::one(e.to_string()))?;
+        let mut errors = Vec::new();
+        for key in table.keys() {
+            if !SECTIONS.contains(&key.as_str()) {
+                errors.push(format!(
+                    "{key}: unknown section (expected one of {})",
+                    SECTIONS.join(", ")
+                ));
+            }
+        }
+        let mut config = Config::default();
+        macro_rules! section {
+            ($name:literal, $field:ident) => {
+                if let Some(value) = table.get($name) {
+                    if let Some(v) = read_section($name, value.clone(), &mut errors) {
+                        config.$field = v;
+                    }
+                }
+            };
+        }
+        section!("server", server);
+        section!("upstream", upstream);
+        section!("tenant", tenant);
+        section!("observe", observe);
+        section!("accounting", accounting);
+        section!("incidents", incidents);
+        section!("log", log);
+        section!("privacy", privacy);
+        section!("route", routes);
+        errors.extend(config.validate());
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError { errors })
+        }
+    }
+
+    /// Value checks serde cannot make. Returns every problem found.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        match self.upstream.url.parse::<http::Uri>() {
+            Ok(uri) => {
+                if !matches!(uri.scheme_str(), Some("http") | Some("https")) {
+                    errors.push(format!(
+                        "upstream.url: {:?} must start with http:// or https://",
+                        self.upstream.url
+                    ));
+                } else if uri.authority().is_none() {
+                    errors.push(format!("upstream.url: {:?} has no host", self.upstream.url));
+                }
+                if uri.query().is_some() {
+                    errors.push(format!(
+                        "upstream.url: {:?} must not carry a query",
+                        self.upstream.url
+                    ));
+                }
+            }
+            Err(e) => errors.push(format!(
+                "upstream.url: {:?} is not a URL: {e}",
+                self.upstream.url
+            )),
+        }
+        if let Some(ca) = &self.upstream.ca_file {
+            if !ca.is_file() {
+                errors.push(format!(
+                    "upstream.ca-file: {} is not a readable file",
+                    ca.display()
+                ));
+            }
+        }
+        for (name, d) in [
+            ("upstream.connect-timeout", self.upstream.connect_timeout),
+            ("upstream.response-timeout", self.upstream.response_timeout),
+            ("upstream.idle-timeout", self.upstream.idle_timeout),
+            (
+                "server.header-read-timeout",
+                self.server.header_read_timeout,
+            ),
+        ] {
+            if d.is_zero() {
+                errors.push(format!("{name}: must be greater than zero"));
+            }
+        }
+        if self.server.listen == self.server.admin_listen && self.server.listen.port() != 0 {
+            errors.push(format!(
+                "server.admin-listen: {} is also server.listen; tenants must not reach the admin port",
+                self.server.admin_listen
+            ));
+        }
+        if self.server.max_request_bytes == 0 {
+            errors.push("server.max-request-bytes: must be greater than zero".to_string());
+        }
+        if self.observe.queue == 0 {
+            errors.push("observe.queue: must be at least 1".to_string());
+        }
+        if self.observe.workers == 0 || self.observe.workers > 64 {
+            errors.push(format!(
+                "observe.workers: {} is not in 1..=64",
+                self.observe.workers
+            ));
+        }
+        if !(self.accounting.min_ratio > 0.0 && self.accounting.min_ratio <= 1.0) {
+            errors.push(format!(
+                "accounting.min-ratio: {} is not in (0, 1]",
+                self.accounting.min_ratio
+            ));
+        }
+        if self.incidents.queue == 0 {
+            errors.push("incidents.queue: must be at least 1".to_string());
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            errors.push(format!(
+                "log.level: {:?} is not a valid filter: {e}",
+                self.log.level
+            ));
+        }
+        if let Some(key) = &self.privacy.hash_key {
+            if let Err(e) = crate::hash::HashKey::from_hex(key) {
+                errors.push(format!("privacy.hash-key: {e}"));
+            }
+        }
+        for (i, route) in self.routes.iter().enumerate() {
+            if !route.path.starts_with('/') {
+                errors.push(format!(
+                    "route[{i}].path: {:?} must start with /",
+                    route.path
+                ));
+            }
+            if let Some(t) = &route.tokenizer {
+                if !t.is_file() {
+                    errors.push(format!(
+                        "route[{i}].tokenizer: {} is not a readable file",
+                        t.display()
+                    ));
+                }
+            }
+            if route.max_prompt_tokens == Some(0) {
+                errors.push(format!(
+                    "route[{i}].max-prompt-tokens: must be greater than zero"
+                ));
+            }
+        }
+        errors
+    }
+}
+
+/// Deserializes one section, collecting unknown fields (all of them) and the
+/// first type error, each with its full path.
+fn read_section<T: serde::de::DeserializeOwned>(
+    name: &str,
+    value: toml::Value,
+    errors: &mut Vec<String>,
+) -> Option<T> {
+    let mut unknown = Vec::new();
+    let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let de = serde_ignored::Deserializer::new(value, &mut note);
+    let result: Result<T, _> = serde_path_to_error::deserialize(de);
+    for path in unknown {
+        errors.push(format!("{name}.{path}: unknown field"));
+    }
+    match result {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let at = if path == "." || path.is_empty() {
+                name.to_string()
+            } else if path.starts_with('[') {
+                format!("{name}{path}")
+            } else {
+                format!("{name}.{path}")
+            };
+            errors.push(format!("{at}: {}", e.into_inner()));
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_is_the_default() {
+        assert_eq!(Config::from_toml("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn example_file_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("residue.example.toml");
+        let config = Config::from_file(&path).unwrap();
+        assert_eq!(config.upstream.url, "http://127.0.0.1:8000");
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_path() {
+        let err = Config::from_toml(
+            r#"
+            bogus = 1
+            [server]
+            listen = "127.0.0.1:1"
+            lisen = "x"
+            [upstream]
+            url = "ftp://x"
+            idle-timeout = "0s"
+            [accounting]
+            min-ratio = 3.0
+            [observe]
+            queue = "many"
+            [[route]]
+            path = "v1"
+            max-prompt-tokens = 0
+            colour = "red"
+            [tenant]
+            chain = ["header", "telepathy"]
+            "#,
+        )
+        .unwrap_err();
+        let all = err.errors.join("\n");
+        for needle in [
+            "bogus: unknown section",
+            "server.lisen: unknown field",
+            "upstream.url",
+            "upstream.idle-timeout: must be greater than zero",
+            "accounting.min-ratio",
+            "observe.queue",
+            "route[0].path",
+            "route[0].max-prompt-tokens",
+            "route.0.colour: unknown field",
+            "tenant.chain",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn hostile_input_is_an_error_not_a_panic() {
+        for text in [
+            "[server",
+            "server = 5",
+            "[[server]]\nlisten = 1",
+            "[server]\nlisten = \"not an address\"",
+            "[server]\ndrain-timeout = \"forever\"",
+            "[upstream]\nurl = \"\"",
+            "[upstream]\nurl = \"http://\"",
+            "[privacy]\nhash-key = \"00\"",
+            "[log]\nlevel = \"[[[\"",
+            "\u{0}",
+            &"[a]\n".repeat(10_000),
+        ] {
+            assert!(Config::from_toml(text).is_err(), "accepted {text:?}");
+        }
+    }
+}

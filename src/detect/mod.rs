@@ -1,0 +1,56 @@
+//! Detectors: pure functions from one scanned exchange to findings. They do
+//! no I/O; the observer turns findings into incidents and metrics.
+
+pub mod accounting;
+
+use serde::Serialize;
+
+use crate::observe::Exchange;
+use crate::protocol::Output;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Low,
+    Medium,
+    High,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Severity::Low => "low",
+            Severity::Medium => "medium",
+            Severity::High => "high",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// One thing a detector found. `evidence` never holds raw prompt or answer
+/// text: counts, offsets, rule ids and hashes only.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finding {
+    pub detector: &'static str,
+    pub severity: Severity,
+    /// 0 (barely) to 1 (certainly).
+    pub score: f64,
+    pub evidence: serde_json::Value,
+}
+
+/// Everything a detector may look at for one exchange.
+pub struct ScanInput<'a> {
+    pub exchange: &'a Exchange,
+    /// The decoded answer text and usage.
+    pub output: &'a Output,
+    /// residue's own count of the prompt's tokens.
+    pub prompt_tokens: u64,
+    /// How `prompt_tokens` was counted (`estimate` or `tokenizer`).
+    pub counter: &'static str,
+}
+
+pub trait Detector: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn inspect(&self, input: &ScanInput<'_>) -> Vec<Finding>;
+}

@@ -1,0 +1,148 @@
+//! Prometheus metrics. Every name starts with `residue_`; every label set is
+//! bounded (families, status codes, detector names — never tenants, never
+//! paths). Counters are touched once per request or per scan, never per byte.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// All of residue's metrics, registered in their own registry.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// Requests by family (`unknown` for unscanned routes) and status code.
+    pub requests: IntCounterVec,
+    /// From sending the request upstream to the end of the response body.
+    pub upstream_duration: HistogramVec,
+    /// From sending the request upstream to its response headers.
+    pub upstream_ttfb: HistogramVec,
+    /// Time residue itself spent before forwarding the request and before
+    /// handing the response head back: its own added latency.
+    pub added_latency: HistogramVec,
+    /// Body bytes by direction (`request`, `response`).
+    pub bytes: IntCounterVec,
+    pub in_flight: IntGauge,
+    /// Exchanges waiting for a scanner.
+    pub scan_queue_depth: IntGauge,
+    /// Exchanges that were not scanned, by reason (`queue_full`, `closed`).
+    pub scan_dropped: IntCounterVec,
+    /// Exchanges scanned, by family.
+    pub scanned: IntCounterVec,
+    /// Requests not scanned, by reason (`unknown_route`, `request_not_json`, …).
+    pub unscanned: IntCounterVec,
+    /// Responses whose body could not be fully decoded for scanning, by reason.
+    pub scan_errors: IntCounterVec,
+    pub incidents: IntCounterVec,
+    /// Incidents that could not be written (writer queue full or I/O error).
+    pub incidents_dropped: IntCounterVec,
+    /// Upstream-reported prompt tokens divided by residue's own count.
+    pub prompt_token_ratio: Histogram,
+    /// Errors residue answered itself, by kind and source.
+    pub errors: IntCounterVec,
+    /// Requests residue refused before forwarding, by reason.
+    pub rejected: IntCounterVec,
+    /// How responses ended, by family and end (`complete`, `cancelled`, `error`).
+    pub stream_end: IntCounterVec,
+    pub build_info: IntGaugeVec,
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+const RATIO_BUCKETS: &[f64] = &[
+    0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 5.0,
+];
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)
+                .expect("valid metric. This is a bug.");
+            r.register(Box::new(c.clone()))
+                .expect("unique metric. This is a bug.");
+            c
+        }
+        fn histogram(
+            r: &Registry,
+            name: &str,
+            help: &str,
+            labels: &[&str],
+            buckets: &[f64],
+        ) -> HistogramVec {
+            let h = HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                labels,
+            )
+            .expect("valid metric. This is a bug.");
+            r.register(Box::new(h.clone()))
+                .expect("unique metric. This is a bug.");
+            h
+        }
+        fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+            let g = IntGauge::new(name, help).expect("valid metric. This is a bug.");
+            r.register(Box::new(g.clone()))
+                .expect("unique metric. This is a bug.");
+            g
+        }
+        let r = &registry;
+        let prompt_token_ratio = Histogram::with_opts(
+            HistogramOpts::new(
+                "residue_prompt_token_ratio",
+                "Upstream-reported prompt tokens divided by residue's own count.",
+            )
+            .buckets(RATIO_BUCKETS.to_vec()),
+        )
+        .expect("valid metric. This is a bug.");
+        r.register(Box::new(prompt_token_ratio.clone()))
+            .expect("unique metric. This is a bug.");
+        let build_info = IntGaugeVec::new(
+            Opts::new("residue_build_info", "residue's version; always 1."),
+            &["version"],
+        )
+        .expect("valid metric. This is a bug.");
+        r.register(Box::new(build_info.clone()))
+            .expect("unique metric. This is a bug.");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        Metrics {
+            requests: counter(r, "residue_requests_total", "Requests by API family and status code.", &["family", "status"]),
+            upstream_duration: histogram(r, "residue_upstream_duration_seconds", "From forwarding the request to the end of the upstream's response body.", &["family"], LATENCY_BUCKETS),
+            upstream_ttfb: histogram(r, "residue_upstream_ttfb_seconds", "From forwarding the request to the upstream's response headers.", &["family"], LATENCY_BUCKETS),
+            added_latency: histogram(r, "residue_added_latency_seconds", "Time residue itself spent on a request before forwarding it and before returning the response head.", &["family"], LATENCY_BUCKETS),
+            bytes: counter(r, "residue_bytes_total", "Body bytes forwarded, by direction.", &["direction"]),
+            in_flight: gauge(r, "residue_in_flight_requests", "Requests being forwarded now."),
+            scan_queue_depth: gauge(r, "residue_scan_queue_depth", "Finished exchanges waiting for a scanner."),
+            scan_dropped: counter(r, "residue_scan_dropped_total", "Exchanges not scanned because the scanner could not take them, by reason.", &["reason"]),
+            scanned: counter(r, "residue_scanned_total", "Exchanges scanned, by API family.", &["family"]),
+            unscanned: counter(r, "residue_unscanned_total", "Requests forwarded without scanning, by reason.", &["reason"]),
+            scan_errors: counter(r, "residue_scan_errors_total", "Responses that could not be fully decoded for scanning, by reason.", &["reason"]),
+            incidents: counter(r, "residue_incidents_total", "Incidents by detector and severity.", &["detector", "severity"]),
+            incidents_dropped: counter(r, "residue_incidents_dropped_total", "Incidents that could not be written, by reason.", &["reason"]),
+            prompt_token_ratio,
+            errors: counter(r, "residue_errors_total", "Error responses residue produced itself, by kind and by who caused them.", &["kind", "source"]),
+            rejected: counter(r, "residue_rejected_total", "Requests refused before forwarding, by reason.", &["reason"]),
+            stream_end: counter(r, "residue_response_end_total", "How response bodies ended, by family and end.", &["family", "end"]),
+            build_info,
+            registry,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> Vec<u8> {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metrics.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        buf
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

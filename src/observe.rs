@@ -1,0 +1,238 @@
+//! The observer pipeline: finished exchanges go over a bounded queue to
+//! scanner threads, off the forwarding path.
+//!
+//! The forwarding path only ever calls [`Observer::submit`], which never
+//! waits: a full queue drops the exchange and counts it
+//! (`residue_scan_dropped_total{reason="queue_full"}`). Scanner threads are
+//! plain `std::thread`s (as TEI runs its model): decoding and counting tokens
+//! is CPU work that must not sit on the async workers.
+
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::body::StreamEnd;
+use crate::detect::{Detector, ScanInput};
+use crate::encoding::ContentDecoder;
+use crate::incident::IncidentSink;
+use crate::metrics::Metrics;
+use crate::protocol::{BodyFormat, Endpoint, Output, Prompt, ResponseDecoder, Usage};
+use crate::tenant::Tenant;
+use crate::tokens::TokenCounter;
+
+/// When the phases of one exchange happened.
+#[derive(Clone, Copy, Debug)]
+pub struct Timings {
+    /// The request head arrived.
+    pub received: Instant,
+    /// residue sent the request upstream.
+    pub forwarded: Instant,
+    /// The upstream's response head arrived.
+    pub response_head: Instant,
+    /// The response body ended (or the client went away).
+    pub ended: Instant,
+}
+
+/// One finished request/response pair, as handed to the scanners.
+#[derive(Debug)]
+pub struct Exchange {
+    pub request_id: Arc<str>,
+    pub tenant: Tenant,
+    pub endpoint: Endpoint,
+    pub prompt: Arc<Prompt>,
+    /// residue's count of the prompt's tokens, when the request path already
+    /// needed it (the `max-prompt-tokens` guard).
+    pub prompt_tokens: Option<u64>,
+    /// Which counter to use: the route's tokenizer, or the estimate.
+    pub counter: TokenCounter,
+    pub stream_requested: bool,
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub content_encoding: Option<String>,
+    /// Usage the upstream reported in headers (TGI).
+    pub header_usage: Usage,
+    /// The response body as it was forwarded (still content-encoded), frame
+    /// by frame, up to `observe.max-response-bytes`.
+    pub body: Vec<Bytes>,
+    /// Bytes forwarded, including any past the capture cap.
+    pub body_bytes: u64,
+    pub capture_truncated: bool,
+    pub timings: Timings,
+    pub end: StreamEnd,
+}
+
+/// The handle the forwarding path holds.
+#[derive(Clone)]
+pub struct Observer {
+    tx: mpsc::Sender<Exchange>,
+    metrics: Metrics,
+}
+
+impl Observer {
+    /// Queues an exchange for scanning. Never waits.
+    pub fn submit(&self, exchange: Exchange) {
+        match self.tx.try_send(exchange) {
+            Ok(()) => self.metrics.scan_queue_depth.inc(),
+            Err(mpsc::error::TrySendError::Full(_)) => self
+                .metrics
+                .scan_dropped
+                .with_label_values(&["queue_full"])
+                .inc(),
+            Err(mpsc::error::TrySendError::Closed(_)) => self
+                .metrics
+                .scan_dropped
+                .with_label_values(&["closed"])
+                .inc(),
+        }
+    }
+}
+
+/// What the scanners need besides the exchange.
+pub struct Scanners {
+    pub detectors: Vec<Box<dyn Detector>>,
+    pub incidents: IncidentSink,
+    pub metrics: Metrics,
+    pub max_response_bytes: usize,
+}
+
+/// Starts `workers` scanner threads. They exit once every [`Observer`] clone
+/// is dropped and the queue is drained.
+pub fn start(queue: usize, workers: usize, scanners: Scanners) -> (Observer, Vec<JoinHandle<()>>) {
+    let (tx, rx) = mpsc::channel(queue);
+    // A std mutex around the receiver makes the channel multi-consumer: one
+    // worker waits in `blocking_recv` while holding it, the others wait for the
+    // lock; nothing async happens while it is held.
+    let rx = Arc::new(Mutex::new(rx));
+    let scanners = Arc::new(scanners);
+    let handles = (0..workers)
+        .map(|i| {
+            let rx = rx.clone();
+            let scanners = scanners.clone();
+            std::thread::Builder::new()
+                .name(format!("residue-scan-{i}"))
+                .spawn(move || loop {
+                    let next = {
+                        let mut rx = match rx.lock() {
+                            Ok(rx) => rx,
+                            Err(poisoned) => poisoned.into_inner(),
+                        };
+                        rx.blocking_recv()
+                    };
+                    let Some(exchange) = next else { break };
+                    scanners.metrics.scan_queue_depth.dec();
+                    scanners.scan(&exchange);
+                })
+                .expect("spawning a scanner thread. This is a bug.")
+        })
+        .collect();
+    let metrics = scanners.metrics.clone();
+    (Observer { tx, metrics }, handles)
+}
+
+/// Decodes a captured response body into its output text and usage.
+/// Content-encoding problems are reported, and what was decoded is kept.
+pub fn decode_output(exchange: &Exchange, max_bytes: usize) -> (Output, Option<&'static str>) {
+    let mut output = Output::default();
+    let format = BodyFormat::detect(
+        exchange.content_type.as_deref(),
+        exchange.endpoint,
+        exchange.stream_requested,
+    );
+    let mut decoder = ResponseDecoder::new(exchange.endpoint, format, max_bytes);
+    let mut problem = None;
+    match ContentDecoder::new(exchange.content_encoding.as_deref(), max_bytes) {
+        Ok(mut content) if !content.is_identity() => {
+            let mut buf = Vec::new();
+            for chunk in &exchange.body {
+                buf.clear();
+                if let Err(e) = content.push(chunk, &mut buf) {
+                    decoder.push(&buf, &mut output);
+                    problem = Some(encoding_problem(&e));
+                    break;
+                }
+                decoder.push(&buf, &mut output);
+            }
+            if problem.is_none() {
+                buf.clear();
+                if let Err(e) = content.finish(&mut buf) {
+                    problem = Some(encoding_problem(&e));
+                }
+                decoder.push(&buf, &mut output);
+            }
+        }
+        Ok(_) => {
+            for chunk in &exchange.body {
+                decoder.push(chunk, &mut output);
+            }
+        }
+        Err(e) => problem = Some(encoding_problem(&e)),
+    }
+    decoder.finish(&mut output);
+    fill_missing(&mut output.usage, &exchange.header_usage);
+    (output, problem)
+}
+
+fn fill_missing(usage: &mut Usage, from_headers: &Usage) {
+    if usage.prompt_tokens.is_none() {
+        usage.prompt_tokens = from_headers.prompt_tokens;
+    }
+    if usage.completion_tokens.is_none() {
+        usage.completion_tokens = from_headers.completion_tokens;
+    }
+}
+
+fn encoding_problem(e: &crate::encoding::EncodingError) -> &'static str {
+    match e {
+        crate::encoding::EncodingError::Unsupported(_) => "unsupported_encoding",
+        crate::encoding::EncodingError::Corrupt { .. } => "corrupt_encoding",
+        crate::encoding::EncodingError::TooLarge(_) => "too_large",
+    }
+}
+
+impl Scanners {
+    /// Scans one exchange: decode, count, run every detector, emit incidents.
+    pub fn scan(&self, exchange: &Exchange) {
+        let family = exchange.endpoint.family().as_str();
+        let (output, problem) = decode_output(exchange, self.max_response_bytes);
+        if let Some(reason) = problem {
+            self.metrics.scan_errors.with_label_values(&[reason]).inc();
+        }
+        if exchange.capture_truncated || output.truncated {
+            self.metrics
+                .scan_errors
+                .with_label_values(&["truncated"])
+                .inc();
+        }
+        if output.malformed > 0 {
+            self.metrics
+                .scan_errors
+                .with_label_values(&["malformed"])
+                .inc();
+        }
+        let prompt_tokens = exchange
+            .prompt_tokens
+            .unwrap_or_else(|| exchange.counter.count(&exchange.prompt));
+        if let Some(reported) = output.usage.prompt_tokens {
+            if prompt_tokens > 0 && (200..300).contains(&exchange.status) {
+                self.metrics
+                    .prompt_token_ratio
+                    .observe(reported as f64 / prompt_tokens as f64);
+            }
+        }
+        let input = ScanInput {
+            exchange,
+            output: &output,
+            prompt_tokens,
+            counter: exchange.counter.name(),
+        };
+        for detector in &self.detectors {
+            for finding in detector.inspect(&input) {
+                self.incidents.report(exchange, finding);
+            }
+        }
+        self.metrics.scanned.with_label_values(&[family]).inc();
+    }
+}

@@ -1,0 +1,595 @@
+//! The path of one request, as named phases over plain async functions
+//! (after pingora's `ProxyHttp`, without the trait):
+//!
+//! 1. `request_filter` — request id, tenant, route;
+//! 2. `read_prompt` — on a scanned route, read the body (capped) and extract
+//!    the prompt; anything else streams through untouched;
+//! 3. `guard` — the optional `max-prompt-tokens` limit;
+//! 4. `upstream_request` — strip hop-by-hop headers, point at the upstream;
+//! 5. `send` — to the upstream, with timeouts;
+//! 6. `upstream_response` — strip hop-by-hop headers, wrap the body in a tap
+//!    that feeds the observer when it ends.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use prometheus::IntGauge;
+
+use crate::body::{BoxError, StreamEnd, StreamHook, TapBody};
+use crate::config::{Config, RouteConfig};
+use crate::error::{ErrorSource, Rejection, StartError};
+use crate::metrics::Metrics;
+use crate::observe::{Exchange, Observer, Timings};
+use crate::protocol::{self, Endpoint, Family, ParsedRequest, Prompt, Route, Usage};
+use crate::tenant::{Tenant, TenantResolver};
+use crate::tokens::TokenCounter;
+use crate::upstream::{RequestBody, Upstream};
+
+pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Per-route settings, ready to use.
+struct RouteRule {
+    config: RouteConfig,
+    counter: TokenCounter,
+}
+
+pub struct Proxy {
+    upstream: Upstream,
+    tenants: TenantResolver,
+    observer: Observer,
+    metrics: Metrics,
+    routes: Vec<RouteRule>,
+    max_request_bytes: usize,
+    max_response_bytes: usize,
+    idle_timeout: Duration,
+}
+
+/// What the request phases learned, carried to the response phases.
+struct RequestCtx {
+    received: Instant,
+    request_id: Arc<str>,
+    tenant: Tenant,
+    family: Option<Family>,
+    scan: Option<ScanCtx>,
+}
+
+struct ScanCtx {
+    endpoint: Endpoint,
+    prompt: Arc<Prompt>,
+    prompt_tokens: Option<u64>,
+    counter: TokenCounter,
+    stream: bool,
+}
+
+impl Proxy {
+    pub fn new(
+        config: &Config,
+        tenants: TenantResolver,
+        observer: Observer,
+        metrics: Metrics,
+    ) -> Result<Self, StartError> {
+        let mut routes = Vec::new();
+        for route in &config.routes {
+            let counter = match &route.tokenizer {
+                Some(path) => TokenCounter::from_file(path)?,
+                None => TokenCounter::Estimate,
+            };
+            routes.push(RouteRule {
+                config: route.clone(),
+                counter,
+            });
+        }
+        Ok(Proxy {
+            upstream: Upstream::new(&config.upstream)?,
+            tenants,
+            observer,
+            metrics,
+            routes,
+            max_request_bytes: config.server.max_request_bytes,
+            max_response_bytes: config.observe.max_response_bytes,
+            idle_timeout: config.upstream.idle_timeout,
+        })
+    }
+
+    /// Handles one request. Never fails: every error becomes a response in
+    /// the family's shape.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<ResponseBody>, Infallible> {
+        let received = Instant::now();
+        let in_flight = InFlight::new(&self.metrics.in_flight);
+        let request_id = request_id(req.headers());
+        let tenant = self.tenants.resolve(req.headers());
+        let route = protocol::match_route(req.uri().path());
+        let mut ctx = RequestCtx {
+            received,
+            request_id,
+            tenant,
+            family: route.map(|r| r.family_hint()),
+            scan: None,
+        };
+        let result = self.proxy(req, route, &mut ctx, in_flight).await;
+        let family_label = ctx.family.map(|f| f.as_str()).unwrap_or("unknown");
+        Ok(match result {
+            Ok(resp) => resp,
+            Err(rejection) => {
+                self.metrics
+                    .errors
+                    .with_label_values(&[rejection.kind, rejection.source.as_str()])
+                    .inc();
+                self.metrics
+                    .requests
+                    .with_label_values(&[family_label, rejection.status.as_str()])
+                    .inc();
+                tracing::info!(request_id = %ctx.request_id, status = rejection.status.as_u16(), kind = rejection.kind, source = rejection.source.as_str(), "Request answered by residue.");
+                let mut resp = rejection.into_response(ctx.family);
+                set_request_id(resp.headers_mut(), &ctx.request_id);
+                resp.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
+            }
+        })
+    }
+
+    async fn proxy(
+        &self,
+        req: Request<Incoming>,
+        route: Option<Route>,
+        ctx: &mut RequestCtx,
+        in_flight: InFlight,
+    ) -> Result<Response<ResponseBody>, Rejection> {
+        let (parts, body) = req.into_parts();
+        let rule = self
+            .routes
+            .iter()
+            .find(|r| r.config.matches(parts.uri.path()));
+
+        // Phase 2: on a scanned route, read the prompt; anything else streams.
+        let scannable = route.is_some() && parts.method == Method::POST;
+        let body: RequestBody = match (scannable, route) {
+            (true, Some(route)) => {
+                if let Some(reason) = unscannable_request(&parts.headers) {
+                    self.metrics.unscanned.with_label_values(&[reason]).inc();
+                    body.map_err(BoxError::from).boxed_unsync()
+                } else {
+                    let bytes = self.read_body(&parts.headers, body).await?;
+                    self.metrics
+                        .bytes
+                        .with_label_values(&["request"])
+                        .inc_by(bytes.len() as u64);
+                    match protocol::parse_request(route, &bytes) {
+                        Ok(parsed) => {
+                            ctx.family = Some(parsed.endpoint.family());
+                            ctx.scan = Some(self.guard(parsed, rule).await?);
+                        }
+                        Err(e) => {
+                            let reason = match e {
+                                protocol::RequestError::Json(_) => "request_not_json",
+                                protocol::RequestError::Shape(_) => "request_shape",
+                            };
+                            self.metrics.unscanned.with_label_values(&[reason]).inc();
+                            tracing::debug!(request_id = %ctx.request_id, reason, "Request forwarded unscanned.");
+                        }
+                    }
+                    Full::new(bytes)
+                        .map_err(|never| match never {})
+                        .boxed_unsync()
+                }
+            }
+            _ => {
+                let reason = if route.is_some() {
+                    "method"
+                } else {
+                    "unknown_route"
+                };
+                self.metrics.unscanned.with_label_values(&[reason]).inc();
+                body.map_err(BoxError::from).boxed_unsync()
+            }
+        };
+
+        // Phase 4: the upstream request.
+        let mut upstream_req = Request::new(body);
+        *upstream_req.method_mut() = parts.method;
+        *upstream_req.uri_mut() = self.upstream.uri_for(parts.uri.path_and_query());
+        // HTTP/2 to the upstream is chosen by ALPN (or h2c), not by the
+        // client's version.
+        *upstream_req.version_mut() = Version::HTTP_11;
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers);
+        headers.remove(header::HOST);
+        set_request_id(&mut headers, &ctx.request_id);
+        *upstream_req.headers_mut() = headers;
+
+        // Phase 5: send.
+        let forwarded = Instant::now();
+        let resp = self.upstream.send(upstream_req).await?;
+        let response_head = Instant::now();
+
+        // Phase 6: the response.
+        let family_label = ctx.family.map(|f| f.as_str()).unwrap_or("unknown");
+        self.metrics
+            .upstream_ttfb
+            .with_label_values(&[family_label])
+            .observe(response_head.duration_since(forwarded).as_secs_f64());
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        set_request_id(&mut parts.headers, &ctx.request_id);
+        let status = parts.status;
+        self.metrics
+            .requests
+            .with_label_values(&[family_label, status.as_str()])
+            .inc();
+
+        let scan = ctx.scan.take().map(|scan| {
+            let mut header_usage = Usage::default();
+            protocol::usage_from_headers(scan.endpoint, &parts.headers, &mut header_usage);
+            PendingExchange {
+                request_id: ctx.request_id.clone(),
+                tenant: ctx.tenant.clone(),
+                endpoint: scan.endpoint,
+                prompt: scan.prompt,
+                prompt_tokens: scan.prompt_tokens,
+                counter: scan.counter,
+                stream_requested: scan.stream,
+                status: status.as_u16(),
+                content_type: header_str(&parts.headers, header::CONTENT_TYPE),
+                content_encoding: header_str(&parts.headers, header::CONTENT_ENCODING),
+                header_usage,
+                received: ctx.received,
+                forwarded,
+                response_head,
+                observer: self.observer.clone(),
+            }
+        });
+        let hook = Box::new(ResponseHook {
+            metrics: self.metrics.clone(),
+            family: family_label,
+            forwarded,
+            capture: Vec::new(),
+            captured: 0,
+            total: 0,
+            max_capture: if scan.is_some() {
+                self.max_response_bytes
+            } else {
+                0
+            },
+            truncated: false,
+            scan,
+            _in_flight: in_flight,
+        });
+        let body = TapBody::new(body, hook, Some(self.idle_timeout)).boxed_unsync();
+        let added = forwarded.duration_since(ctx.received) + response_head.elapsed();
+        self.metrics
+            .added_latency
+            .with_label_values(&[family_label])
+            .observe(added.as_secs_f64());
+        Ok(Response::from_parts(parts, body))
+    }
+
+    /// Reads a request body whole, up to `server.max-request-bytes`.
+    async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Rejection> {
+        let too_large = || {
+            Rejection::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                ErrorSource::Downstream,
+                format!(
+                    "the request body is larger than {} bytes (server.max-request-bytes)",
+                    self.max_request_bytes
+                ),
+            )
+        };
+        if let Some(len) = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            if len > self.max_request_bytes as u64 {
+                return Err(too_large());
+            }
+        }
+        match Limited::new(body, self.max_request_bytes).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
+            Err(e) => Err(Rejection::new(
+                StatusCode::BAD_REQUEST,
+                "request_body_error",
+                ErrorSource::Downstream,
+                format!("reading the request body failed: {e}"),
+            )),
+        }
+    }
+
+    /// Phase 3: counts the prompt's tokens when the route has a limit, and
+    /// refuses prompts over it.
+    async fn guard(
+        &self,
+        parsed: ParsedRequest,
+        rule: Option<&RouteRule>,
+    ) -> Result<ScanCtx, Rejection> {
+        let counter = rule
+            .map(|r| r.counter.clone())
+            .unwrap_or(TokenCounter::Estimate);
+        let prompt = Arc::new(parsed.prompt);
+        let mut prompt_tokens = None;
+        if let Some(max) = rule.and_then(|r| r.config.max_prompt_tokens) {
+            let count = match &counter {
+                TokenCounter::Estimate => counter.count(&prompt),
+                TokenCounter::Tokenizer(_) => {
+                    // A real tokenizer over a long prompt is CPU work: keep it
+                    // off the async workers.
+                    let (c, p) = (counter.clone(), prompt.clone());
+                    tokio::task::spawn_blocking(move || c.count(&p))
+                        .await
+                        .unwrap_or_else(|_| crate::tokens::TokenCounter::Estimate.count(&prompt))
+                }
+            };
+            prompt_tokens = Some(count);
+            if count > max {
+                self.metrics
+                    .rejected
+                    .with_label_values(&["prompt_too_long"])
+                    .inc();
+                return Err(Rejection::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "prompt_too_long",
+                    ErrorSource::Downstream,
+                    format!(
+                        "the prompt has {count} tokens ({}); this route allows at most {max}",
+                        counter.name()
+                    ),
+                ));
+            }
+        }
+        Ok(ScanCtx {
+            endpoint: parsed.endpoint,
+            prompt,
+            prompt_tokens,
+            counter,
+            stream: parsed.stream,
+        })
+    }
+}
+
+/// Why a request on a known route cannot be scanned, judged from its headers.
+fn unscannable_request(headers: &HeaderMap) -> Option<&'static str> {
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+        if !ct.contains("json") {
+            return Some("request_not_json");
+        }
+    }
+    if let Some(ce) = headers.get(header::CONTENT_ENCODING) {
+        if !ce.as_bytes().eq_ignore_ascii_case(b"identity") {
+            return Some("request_encoded");
+        }
+    }
+    None
+}
+
+/// An exchange waiting for its response body to end.
+struct PendingExchange {
+    request_id: Arc<str>,
+    tenant: Tenant,
+    endpoint: Endpoint,
+    prompt: Arc<Prompt>,
+    prompt_tokens: Option<u64>,
+    counter: TokenCounter,
+    stream_requested: bool,
+    status: u16,
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    header_usage: Usage,
+    received: Instant,
+    forwarded: Instant,
+    response_head: Instant,
+    observer: Observer,
+}
+
+/// Watches a response body: counts it, captures it (on scanned routes, up to
+/// the cap) and, when it ends, hands the exchange to the observer.
+struct ResponseHook {
+    metrics: Metrics,
+    family: &'static str,
+    forwarded: Instant,
+    capture: Vec<Bytes>,
+    captured: usize,
+    total: u64,
+    max_capture: usize,
+    truncated: bool,
+    scan: Option<PendingExchange>,
+    _in_flight: InFlight,
+}
+
+impl StreamHook for ResponseHook {
+    fn on_data(&mut self, data: &Bytes) {
+        self.total += data.len() as u64;
+        if self.scan.is_some() && !self.truncated {
+            if self.captured + data.len() <= self.max_capture {
+                self.captured += data.len();
+                self.capture.push(data.clone());
+            } else {
+                self.truncated = true;
+            }
+        }
+    }
+
+    fn on_end(self: Box<Self>, end: StreamEnd, _trailers: Option<&HeaderMap>) {
+        let this = *self;
+        let ended = Instant::now();
+        this.metrics
+            .bytes
+            .with_label_values(&["response"])
+            .inc_by(this.total);
+        this.metrics
+            .upstream_duration
+            .with_label_values(&[this.family])
+            .observe(ended.duration_since(this.forwarded).as_secs_f64());
+        this.metrics
+            .stream_end
+            .with_label_values(&[this.family, end.as_str()])
+            .inc();
+        if let Some(p) = this.scan {
+            p.observer.submit(Exchange {
+                request_id: p.request_id,
+                tenant: p.tenant,
+                endpoint: p.endpoint,
+                prompt: p.prompt,
+                prompt_tokens: p.prompt_tokens,
+                counter: p.counter,
+                stream_requested: p.stream_requested,
+                status: p.status,
+                content_type: p.content_type,
+                content_encoding: p.content_encoding,
+                header_usage: p.header_usage,
+                body: this.capture,
+                body_bytes: this.total,
+                capture_truncated: this.truncated,
+                timings: Timings {
+                    received: p.received,
+                    forwarded: p.forwarded,
+                    response_head: p.response_head,
+                    ended,
+                },
+                end,
+            });
+        }
+    }
+}
+
+/// Keeps `residue_in_flight_requests` right however a request ends.
+struct InFlight(IntGauge);
+
+impl InFlight {
+    fn new(gauge: &IntGauge) -> Self {
+        gauge.inc();
+        InFlight(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Honours a sane `x-request-id`; otherwise makes one.
+fn request_id(headers: &HeaderMap) -> Arc<str> {
+    if let Some(v) = headers.get(&X_REQUEST_ID) {
+        let b = v.as_bytes();
+        if !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic()) {
+            if let Ok(s) = v.to_str() {
+                return Arc::from(s);
+            }
+        }
+    }
+    Arc::from(format!("{:032x}", rand::random::<u128>()))
+}
+
+fn set_request_id(headers: &mut HeaderMap, id: &str) {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        headers.insert(X_REQUEST_ID, v);
+    }
+}
+
+fn header_str(headers: &HeaderMap, name: HeaderName) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// Removes the headers that describe one connection rather than the message
+/// (RFC 9110 §7.6.1), including those the `Connection` header names. `te:
+/// trailers` is kept: it is end-to-end in practice (gRPC, HTTP/2).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        if name != header::TE {
+            headers.remove(name);
+        }
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+    let te_trailers = headers
+        .get(header::TE)
+        .map(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"))
+        .unwrap_or(true);
+    if !te_trailers {
+        headers.remove(header::TE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_end_to_end_headers_stay() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::TE, HeaderValue::from_static("gzip"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert("x-custom", HeaderValue::from_static("kept"));
+        strip_hop_by_hop(&mut h);
+        let mut names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, vec!["content-type", "x-custom"]);
+
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.contains_key(header::TE));
+    }
+
+    #[test]
+    fn request_ids_are_honoured_only_when_sane() {
+        let mut h = HeaderMap::new();
+        h.insert(X_REQUEST_ID, HeaderValue::from_static("abc-123"));
+        assert_eq!(&*request_id(&h), "abc-123");
+        h.insert(X_REQUEST_ID, HeaderValue::from_static("has space"));
+        assert_ne!(&*request_id(&h), "has space");
+        h.insert(
+            X_REQUEST_ID,
+            HeaderValue::from_str(&"a".repeat(200)).unwrap(),
+        );
+        assert_eq!(request_id(&h).len(), 32);
+        assert_eq!(request_id(&HeaderMap::new()).len(), 32);
+    }
+}

@@ -1,0 +1,305 @@
+//! Listeners: the proxy port (HTTP/1.1 and h2c) and the admin port
+//! (`/metrics`, `/healthz`, `/readyz`), which tenants never reach. Graceful
+//! shutdown: stop accepting, turn `/readyz` red, let in-flight streams finish
+//! up to `server.drain-timeout`, then drain the scan and incident queues.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+use crate::config::Config;
+use crate::detect::accounting::PromptAccounting;
+use crate::detect::Detector;
+use crate::error::StartError;
+use crate::hash::HashKey;
+use crate::incident::IncidentSink;
+use crate::metrics::Metrics;
+use crate::observe::{self, Scanners};
+use crate::proxy::Proxy;
+use crate::tenant::TenantResolver;
+
+/// A bound, not yet running residue.
+pub struct Residue {
+    proxy: Arc<Proxy>,
+    listener: TcpListener,
+    admin: TcpListener,
+    metrics: Metrics,
+    incidents: IncidentSink,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    drain_timeout: Duration,
+    header_read_timeout: Duration,
+}
+
+impl Residue {
+    /// Validates the config, loads tokenizers, opens the incident file,
+    /// starts the scanner threads and binds both ports.
+    pub async fn bind(config: Config) -> Result<Residue, StartError> {
+        let errors = config.validate();
+        if !errors.is_empty() {
+            return Err(crate::config::ConfigError { errors }.into());
+        }
+        let key = match &config.privacy.hash_key {
+            Some(hex) => HashKey::from_hex(hex).map_err(|e| crate::config::ConfigError {
+                errors: vec![format!("privacy.hash-key: {e}")],
+            })?,
+            None => HashKey::generate(),
+        };
+        let tenants = TenantResolver::new(&config.tenant, key.clone())
+            .map_err(|errors| crate::config::ConfigError { errors })?;
+        let metrics = Metrics::new();
+        let (incidents, writer) = crate::incident::start(
+            config.incidents.path.as_deref(),
+            config.incidents.queue,
+            config.incidents.raw_tenant,
+            key,
+            metrics.clone(),
+        )?;
+        let mut detectors: Vec<Box<dyn Detector>> = Vec::new();
+        if config.accounting.enabled {
+            detectors.push(Box::new(PromptAccounting::new(&config.accounting)));
+        }
+        let (observer, mut threads) = observe::start(
+            config.observe.queue,
+            config.observe.workers,
+            Scanners {
+                detectors,
+                incidents: incidents.clone(),
+                metrics: metrics.clone(),
+                max_response_bytes: config.observe.max_response_bytes,
+            },
+        );
+        threads.extend(writer);
+        let proxy = Arc::new(Proxy::new(&config, tenants, observer, metrics.clone())?);
+        let listener = TcpListener::bind(config.server.listen)
+            .await
+            .map_err(|source| StartError::Bind {
+                what: "the proxy listener",
+                addr: config.server.listen,
+                source,
+            })?;
+        let admin = TcpListener::bind(config.server.admin_listen)
+            .await
+            .map_err(|source| StartError::Bind {
+                what: "the admin listener",
+                addr: config.server.admin_listen,
+                source,
+            })?;
+        Ok(Residue {
+            proxy,
+            listener,
+            admin,
+            metrics,
+            incidents,
+            threads,
+            drain_timeout: config.server.drain_timeout,
+            header_read_timeout: config.server.header_read_timeout,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address. This is a bug.")
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+            .local_addr()
+            .expect("a bound listener has an address. This is a bug.")
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.clone()
+    }
+
+    pub fn incidents(&self) -> IncidentSink {
+        self.incidents.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), StartError> {
+        let Residue {
+            proxy,
+            listener,
+            admin,
+            metrics,
+            incidents,
+            threads,
+            drain_timeout,
+            header_read_timeout,
+        } = self;
+        let ready = Arc::new(AtomicBool::new(true));
+        let admin_task = tokio::spawn(serve_admin(admin, metrics, ready.clone()));
+
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_read_timeout);
+        builder.http2().timer(TokioTimer::new());
+        let graceful = GracefulShutdown::new();
+        tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "Proxy listening.");
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let (stream, _peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            // Out of file descriptors and the like: back off
+                            // rather than spin.
+                            tracing::warn!(error = %e, "Accept failed.");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let proxy = proxy.clone();
+                    let service = service_fn(move |req| proxy.clone().handle(req));
+                    let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                    let conn = graceful.watch(conn);
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "Client connection ended with an error.");
+                        }
+                    });
+                }
+                () = &mut shutdown => break,
+            }
+        }
+        drop(listener);
+        ready.store(false, Ordering::SeqCst);
+        tracing::info!(deadline = ?drain_timeout, "Shutting down: draining in-flight requests.");
+        if tokio::time::timeout(drain_timeout, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("Drain deadline passed with requests still in flight; closing them.");
+        }
+        // The scanners stop once the last handle to their queue is gone: ours,
+        // and those of connections that have now ended.
+        drop(proxy);
+        drop(incidents);
+        let joined = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        });
+        if tokio::time::timeout(Duration::from_secs(5), joined)
+            .await
+            .is_err()
+        {
+            tracing::warn!("Scan and incident queues did not drain within 5s.");
+        }
+        admin_task.abort();
+        tracing::info!("Stopped.");
+        Ok(())
+    }
+
+    /// Runs in the background; for tests, benchmarks and embedding.
+    pub fn spawn(self) -> Running {
+        let addr = self.local_addr();
+        let admin_addr = self.admin_addr();
+        let incidents = self.incidents();
+        let metrics = self.metrics();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(self.run(async move {
+            let _ = rx.await;
+        }));
+        Running {
+            addr,
+            admin_addr,
+            incidents,
+            metrics,
+            stop: Some(tx),
+            task,
+        }
+    }
+}
+
+/// A residue running in the background.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub incidents: IncidentSink,
+    pub metrics: Metrics,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), StartError>>,
+}
+
+impl Running {
+    /// Begins a graceful shutdown and waits for it to finish.
+    pub async fn shutdown(mut self) -> Result<(), StartError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task)
+            .await
+            .unwrap_or_else(|e| panic!("residue's task panicked: {e}"))
+    }
+}
+
+async fn serve_admin(listener: TcpListener, metrics: Metrics, ready: Arc<AtomicBool>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let metrics = metrics.clone();
+        let ready = ready.clone();
+        let service = service_fn(move |req: Request<Incoming>| {
+            let resp = admin_response(req.uri().path(), &metrics, &ready);
+            async move { Ok::<_, Infallible>(resp) }
+        });
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn admin_response(path: &str, metrics: &Metrics, ready: &AtomicBool) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match path {
+        "/metrics" => (
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            Bytes::from(metrics.render()),
+        ),
+        "/healthz" => (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")),
+        "/readyz" if ready.load(Ordering::SeqCst) => {
+            (StatusCode::OK, "text/plain", Bytes::from_static(b"ready\n"))
+        }
+        "/readyz" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            Bytes::from_static(b"draining\n"),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            Bytes::from_static(b"not found\n"),
+        ),
+    };
+    let mut resp = Response::new(Full::new(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    resp
+}
