@@ -48,6 +48,14 @@ impl Residue {
     /// Validates the config, loads tokenizers, opens the incident file,
     /// starts the scanner threads and binds both ports.
     pub async fn bind(config: Config) -> Result<Residue, StartError> {
+        Residue::bind_with(config, Vec::new()).await
+    }
+
+    /// [`Residue::bind`], with extra detectors run after the built-in ones.
+    pub async fn bind_with(
+        config: Config,
+        extra: Vec<Box<dyn Detector>>,
+    ) -> Result<Residue, StartError> {
         let errors = config.validate();
         if !errors.is_empty() {
             return Err(crate::config::ConfigError { errors }.into());
@@ -72,6 +80,7 @@ impl Residue {
         if config.accounting.enabled {
             detectors.push(Box::new(PromptAccounting::new(&config.accounting)));
         }
+        detectors.extend(extra);
         let (observer, mut threads) = observe::start(
             config.observe.queue,
             config.observe.workers,
