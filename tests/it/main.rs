@@ -7,3 +7,4 @@ mod proxy;
 mod sdk;
 mod support;
 mod tenant;
+mod tls;
