@@ -21,7 +21,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn answer(bytes: usize) -> Bytes {
@@ -40,7 +43,10 @@ fn answer(bytes: usize) -> Bytes {
 fn start_upstream(body: Bytes) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
@@ -54,7 +60,8 @@ fn start_upstream(body: Bytes) -> SocketAddr {
                         async move {
                             let _ = req.into_body().collect().await;
                             let mut resp = Response::new(Full::new(body));
-                            resp.headers_mut().insert("content-type", "application/json".parse().unwrap());
+                            resp.headers_mut()
+                                .insert("content-type", "application/json".parse().unwrap());
                             Ok::<_, Infallible>(resp)
                         }
                     });
@@ -85,7 +92,10 @@ fn main() {
     // residue, as `residue serve` runs it: its own multi-threaded runtime.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let mut config = residue::Config::default();
             config.server.listen = "127.0.0.1:0".parse().unwrap();
@@ -99,7 +109,10 @@ fn main() {
     });
     let (proxy, metrics) = rx.recv().unwrap();
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let results = rt.block_on(async move {
         let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(256)
@@ -162,24 +175,40 @@ fn main() {
         (d, p, errors)
     });
     let (d, p, errors) = results;
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     println!(
         "proxy_latency: {rate} req/s, {seconds} s (alternating 1 s slices), {answer_bytes}-byte JSON answers, {cpus} CPUs, {errors} errors"
     );
-    println!("{:>8} {:>12} {:>12} {:>12}", "pct", "direct µs", "residue µs", "added µs");
+    println!(
+        "{:>8} {:>12} {:>12} {:>12}",
+        "pct", "direct µs", "residue µs", "added µs"
+    );
     let mut rows = Vec::new();
     for pct in [50.0, 90.0, 99.0, 99.9] {
         let (a, b) = (percentile(&d, pct), percentile(&p, pct));
-        println!("{:>8} {:>12.0} {:>12.0} {:>12.0}", format!("p{pct}"), a, b, b - a);
+        println!(
+            "{:>8} {:>12.0} {:>12.0} {:>12.0}",
+            format!("p{pct}"),
+            a,
+            b,
+            b - a
+        );
         rows.push(serde_json::json!({"percentile": pct, "direct_us": a, "residue_us": b, "added_us": b - a}));
     }
     let scanned = metrics.scanned.with_label_values(&["openai"]).get();
-    println!("requests: direct {}, through residue {} (scanned {scanned})", d.len(), p.len());
+    println!(
+        "requests: direct {}, through residue {} (scanned {scanned})",
+        d.len(),
+        p.len()
+    );
     let report = serde_json::json!({
         "rate": rate, "seconds": seconds, "answer_bytes": answer_bytes, "cpus": cpus,
         "errors": errors, "direct": d.len(), "residue": p.len(), "scanned": scanned, "percentiles": rows,
     });
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-proxy-latency.json");
+    let out =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-proxy-latency.json");
     let _ = std::fs::write(&out, serde_json::to_vec_pretty(&report).unwrap());
     let _ = Instant::now();
 }

@@ -6,7 +6,23 @@
 //! boundaries. Nothing here does I/O; everything is a pure function of bytes,
 //! so the parsers can be fuzzed and tested with hostile input.
 
+use serde_json::Value;
 use thiserror::Error;
+
+mod anthropic;
+mod cloudflare;
+mod decode;
+mod json;
+mod ndjson;
+mod ollama;
+mod openai;
+mod route;
+mod sglang;
+mod sse;
+mod tgi;
+
+#[cfg(test)]
+mod tests;
 
 /// An API family. vLLM's and SGLang's OpenAI-compatible servers are `OpenAi`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,9 +123,12 @@ impl Route {
 }
 
 /// Matches a request path (without the query string) to a route.
+///
+/// One trailing `/` is tolerated; OpenAI paths are also accepted without the
+/// `/v1` prefix (as vLLM and LiteLLM do); a Cloudflare model may contain `/`
+/// and `@`. Anything else, `/v1/models` included, is `None`.
 pub fn match_route(path: &str) -> Option<Route> {
-    let _ = path;
-    None
+    route::match_route(path)
 }
 
 /// The prompt of one request: every text segment a model will read.
@@ -153,9 +172,46 @@ pub enum RequestError {
 }
 
 /// Parses a request body for a route.
+///
+/// The body must be one JSON object (invalid UTF-8 is replaced, a leading
+/// byte order mark skipped); nesting deeper than serde_json's limit of 128 is
+/// a [`RequestError::Json`], a non-object a [`RequestError::Shape`]. Fields
+/// of the wrong type are skipped: the prompt is best effort, never an error.
+/// For [`Route::Generate`], a body with `inputs` is TGI's, any other SGLang's.
 pub fn parse_request(route: Route, body: &[u8]) -> Result<ParsedRequest, RequestError> {
-    let _ = (route, body);
-    Err(RequestError::Shape("not implemented"))
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    let text = String::from_utf8_lossy(body);
+    let value: Value = serde_json::from_str(&text)?;
+    let Value::Object(obj) = value else {
+        return Err(RequestError::Shape("expected a JSON object"));
+    };
+    let endpoint = match route {
+        Route::Known(e) => e,
+        Route::Generate if obj.contains_key("inputs") => Endpoint::TgiGenerate,
+        Route::Generate => Endpoint::SglangGenerate,
+    };
+    let mut prompt = Prompt::default();
+    match endpoint.family() {
+        Family::OpenAi => openai::prompt(endpoint, &obj, &mut prompt),
+        Family::Anthropic => anthropic::prompt(&obj, &mut prompt),
+        Family::Sglang => sglang::prompt(&obj, &mut prompt),
+        Family::Tgi => tgi::prompt(&obj, &mut prompt),
+        Family::Ollama => ollama::prompt(endpoint, &obj, &mut prompt),
+        Family::Cloudflare => cloudflare::prompt(&obj, &mut prompt),
+    }
+    let stream_flag = obj.get("stream").and_then(Value::as_bool);
+    let stream = match endpoint {
+        Endpoint::OllamaChat | Endpoint::OllamaGenerate => stream_flag != Some(false),
+        Endpoint::TgiGenerateStream => true,
+        _ => stream_flag.unwrap_or(false),
+    };
+    let model = obj.get("model").and_then(Value::as_str).map(str::to_owned);
+    Ok(ParsedRequest {
+        endpoint,
+        prompt,
+        stream,
+        model,
+    })
 }
 
 /// Token usage and finish reason as the upstream reported them.
@@ -180,9 +236,15 @@ pub enum BodyFormat {
 impl BodyFormat {
     /// Chooses the framing from the response's content type, falling back on
     /// what the endpoint and the request's `stream` flag imply.
+    ///
+    /// `text/event-stream` is SSE; `application/x-ndjson`, `application/ndjson`
+    /// and `application/jsonl` are NDJSON; `application/json` (and `+json`
+    /// types) is JSON, except on a streaming Ollama request, where it is
+    /// NDJSON. Media types compare case-insensitively, parameters ignored.
+    /// With no or an unknown type: a stream is NDJSON for Ollama and SSE for
+    /// the rest; no stream is JSON.
     pub fn detect(content_type: Option<&str>, endpoint: Endpoint, stream: bool) -> BodyFormat {
-        let _ = (content_type, endpoint, stream);
-        BodyFormat::Json
+        route::detect(content_type, endpoint, stream)
     }
 }
 
@@ -204,11 +266,25 @@ pub struct Output {
 
 /// An incremental response decoder. Feed it body bytes as they arrive, in
 /// chunks of any size; it never panics, whatever the bytes.
+///
+/// The output does not depend on how the body is split into chunks. SSE
+/// events and NDJSON lines are decoded as they complete; a JSON body is
+/// parsed at [`finish`](Self::finish). Text of distinct choices, content
+/// blocks or batch sequences is separated by `\n`; streamed deltas of one of
+/// them are concatenated as they are. Model-generated tool-call arguments
+/// count as output text. The bytes held never exceed `max_buffer` (beyond
+/// the per-sequence text SGLang's cumulative streams need).
+///
+/// Mislabelled bodies are read leniently: a "JSON" body that is really SSE or
+/// concatenated JSON values is decoded as such, and JSON lines that precede
+/// any SSE field are decoded as events (a plain error body answered to a
+/// streaming request).
 #[derive(Debug)]
 pub struct ResponseDecoder {
     endpoint: Endpoint,
-    format: BodyFormat,
     max_buffer: usize,
+    framer: decode::Framer,
+    state: decode::State,
 }
 
 impl ResponseDecoder {
@@ -216,41 +292,96 @@ impl ResponseDecoder {
     pub fn new(endpoint: Endpoint, format: BodyFormat, max_buffer: usize) -> Self {
         ResponseDecoder {
             endpoint,
-            format,
             max_buffer,
+            framer: decode::Framer::new(format, max_buffer),
+            state: decode::State::default(),
         }
     }
 
     /// Feeds decoded (not content-encoded) body bytes; appends any new output
     /// text to `out.text` and updates `out.usage`.
     pub fn push(&mut self, chunk: &[u8], out: &mut Output) {
-        let _ = (chunk, out, self.endpoint, self.format, self.max_buffer);
+        let ResponseDecoder {
+            endpoint,
+            max_buffer,
+            framer,
+            state,
+        } = self;
+        let endpoint = *endpoint;
+        match framer {
+            decode::Framer::Json(body) => {
+                if body.push(chunk, *max_buffer) {
+                    out.truncated = true;
+                }
+            }
+            decode::Framer::Sse(sse) => {
+                sse.push(chunk, &mut |f| state.frame(endpoint, f, out));
+                out.truncated |= sse.truncated;
+            }
+            decode::Framer::Ndjson(nd) => {
+                nd.push(chunk, &mut |f| state.frame(endpoint, f, out));
+                out.truncated |= nd.truncated;
+            }
+        }
     }
 
     /// The body ended: flushes a final unterminated event or parses the
     /// buffered JSON body.
+    ///
+    /// Calling it again does nothing more.
     pub fn finish(&mut self, out: &mut Output) {
-        let _ = out;
+        let endpoint = self.endpoint;
+        let state = &mut self.state;
+        match &mut self.framer {
+            decode::Framer::Json(body) => state.json_body(endpoint, body, self.max_buffer, out),
+            decode::Framer::Sse(sse) => {
+                sse.finish(&mut |f| state.frame(endpoint, f, out));
+                out.truncated |= sse.truncated;
+            }
+            decode::Framer::Ndjson(nd) => {
+                nd.finish(&mut |f| state.frame(endpoint, f, out));
+                out.truncated |= nd.truncated;
+            }
+        }
+    }
+
+    /// Bytes the framer holds (for tests of the memory cap).
+    #[cfg(test)]
+    pub(crate) fn buffered(&self) -> usize {
+        self.framer.buffered()
     }
 }
 
 /// Usage some servers report in response headers (TGI: `x-prompt-tokens`,
 /// `x-generated-tokens`). Fills only fields still `None`.
+/// Other endpoints: nothing.
 pub fn usage_from_headers(endpoint: Endpoint, headers: &http::HeaderMap, usage: &mut Usage) {
-    let _ = (endpoint, headers, usage);
+    if endpoint.family() == Family::Tgi {
+        tgi::usage_from_headers(headers, usage);
+    }
 }
 
 /// An error body in a family's own JSON shape, produced by residue itself.
 /// `kind` is a short machine-readable code such as `upstream_timeout`.
 /// The body always names residue as the error's source.
+///
+/// The message reads `residue: <message>`; `None` gets the OpenAI shape. The
+/// body is built with serde_json, so any message yields valid JSON.
 pub fn error_body(
     family: Option<Family>,
     status: http::StatusCode,
     kind: &str,
     message: &str,
 ) -> Vec<u8> {
-    let _ = (family, status, kind);
-    serde_json::json!({"error": {"message": format!("residue: {message}"), "type": kind, "source": "residue"}})
-        .to_string()
-        .into_bytes()
+    let message = format!("residue: {message}");
+    let code = status.as_u16();
+    let body = match family.unwrap_or(Family::OpenAi) {
+        Family::OpenAi => openai::error_body(code, kind, &message),
+        Family::Anthropic => anthropic::error_body(kind, &message),
+        Family::Sglang => sglang::error_body(code, kind, &message),
+        Family::Tgi => tgi::error_body(kind, &message),
+        Family::Ollama => ollama::error_body(&message),
+        Family::Cloudflare => cloudflare::error_body(code, &message),
+    };
+    body.to_string().into_bytes()
 }

@@ -20,12 +20,14 @@ async fn https_upstream_speaks_h2_through_alpn() {
     std::fs::write(&ca_file, cert.cert.pem()).unwrap();
 
     let key = rustls_pki_types::PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into());
-    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.cert.der().clone()], key)
-        .unwrap();
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.cert.der().clone()], key)
+    .unwrap();
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -34,11 +36,15 @@ async fn https_upstream_speaks_h2_through_alpn() {
     let seen = versions.clone();
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
             let acceptor = acceptor.clone();
             let seen = seen.clone();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(stream).await else { return };
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
                 let service = service_fn(move |req: Request<Incoming>| {
                     seen.lock().unwrap().push(req.version());
                     async move {
@@ -46,7 +52,8 @@ async fn https_upstream_speaks_h2_through_alpn() {
                         let mut resp = Response::new(Full::new(Bytes::from_static(
                             br#"{"choices":[{"message":{"content":"over tls"}}],"usage":{"prompt_tokens":2}}"#,
                         )));
-                        resp.headers_mut().insert("content-type", "application/json".parse().unwrap());
+                        resp.headers_mut()
+                            .insert("content-type", "application/json".parse().unwrap());
                         Ok::<_, Infallible>(resp)
                     }
                 });
@@ -60,9 +67,18 @@ async fn https_upstream_speaks_h2_through_alpn() {
     let mut config = support::config(&format!("https://localhost:{port}"));
     config.upstream.ca_file = Some(ca_file.clone());
     let (residue, recorder) = support::start(config).await;
-    let (status, _, body) = call(residue.addr, "/v1/chat/completions", &[], r#"{"messages":[{"role":"user","content":"hi"}]}"#).await;
+    let (status, _, body) = call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[],
+        r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .await;
     assert_eq!(status, 200);
-    assert_eq!(&body[..], br#"{"choices":[{"message":{"content":"over tls"}}],"usage":{"prompt_tokens":2}}"#);
+    assert_eq!(
+        &body[..],
+        br#"{"choices":[{"message":{"content":"over tls"}}],"usage":{"prompt_tokens":2}}"#
+    );
     assert_eq!(recorder.one().await.output, "over tls");
     assert_eq!(versions.lock().unwrap().as_slice(), &[Version::HTTP_2]);
     residue.shutdown().await.unwrap();
