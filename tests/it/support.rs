@@ -181,8 +181,15 @@ fn respond(
                 return;
             }
         }
-        // The channel's capacity is 1: wait until the last chunk was taken.
-        tx.closed().await;
+        // Wait until the last chunk was taken, then end the body.
+        while tx.capacity() < tx.max_capacity() {
+            if tx.is_closed() {
+                cancelled.store(true, Ordering::SeqCst);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(tx);
         completed.fetch_add(1, Ordering::SeqCst);
     });
     let stream = futures_util::stream::poll_fn(move |cx| {
