@@ -408,34 +408,90 @@ impl Config {
     }
 }
 
-/// Deserializes one section, collecting unknown fields (all of them) and the
-/// first type error, each with its full path.
+/// Deserializes one section, collecting unknown fields (all of them) and
+/// type errors, each with its full path. After a type error the offending
+/// value is removed and the section read again, so that every bad field is
+/// reported, not just the first.
 fn read_section<T: serde::de::DeserializeOwned>(
     name: &str,
-    value: toml::Value,
+    mut value: toml::Value,
     errors: &mut Vec<String>,
 ) -> Option<T> {
     let mut unknown = Vec::new();
-    let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
-    let de = serde_ignored::Deserializer::new(value, &mut note);
-    let result: Result<T, _> = serde_path_to_error::deserialize(de);
-    for path in unknown {
-        errors.push(format!("{name}.{path}: unknown field"));
-    }
-    match result {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let path = e.path().to_string();
-            let at = if path == "." || path.is_empty() {
-                name.to_string()
-            } else if path.starts_with('[') {
-                format!("{name}{path}")
-            } else {
-                format!("{name}.{path}")
-            };
-            errors.push(format!("{at}: {}", e.into_inner()));
-            None
+    for _ in 0..64 {
+        unknown.clear();
+        let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+        let de = serde_ignored::Deserializer::new(value.clone(), &mut note);
+        let result: Result<T, _> = serde_path_to_error::deserialize(de);
+        match result {
+            Ok(v) => {
+                for path in &unknown {
+                    errors.push(format!("{name}.{path}: unknown field"));
+                }
+                // Even after errors: validate what was readable, so its
+                // problems are reported too. The config is rejected anyway.
+                return Some(v);
+            }
+            Err(e) => {
+                let segments: Vec<serde_path_to_error::Segment> =
+                    e.path().iter().cloned().collect();
+                let path = e.path().to_string();
+                let at = if path == "." || path.is_empty() {
+                    name.to_string()
+                } else if path.starts_with('[') {
+                    format!("{name}{path}")
+                } else {
+                    format!("{name}.{path}")
+                };
+                let message = e.into_inner().to_string();
+                // toml repeats the key at the end ("…\nin `key`"); the path says it already.
+                let message = message
+                    .split("\nin `")
+                    .next()
+                    .unwrap_or("")
+                    .trim_end()
+                    .to_string();
+                errors.push(format!("{at}: {message}"));
+                if !remove_path(&mut value, &segments) {
+                    for path in &unknown {
+                        errors.push(format!("{name}.{path}: unknown field"));
+                    }
+                    return None;
+                }
+            }
         }
+    }
+    None
+}
+
+/// Removes the value at `path` from a TOML tree; false if there is none.
+fn remove_path(value: &mut toml::Value, path: &[serde_path_to_error::Segment]) -> bool {
+    use serde_path_to_error::Segment;
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut cur = value;
+    for seg in parents {
+        cur = match (seg, cur) {
+            (Segment::Map { key }, toml::Value::Table(t)) => match t.get_mut(key) {
+                Some(v) => v,
+                None => return false,
+            },
+            (Segment::Seq { index }, toml::Value::Array(a)) => match a.get_mut(*index) {
+                Some(v) => v,
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    match (last, cur) {
+        (Segment::Map { key }, toml::Value::Table(t)) => t.remove(key).is_some(),
+        (Segment::Seq { index }, toml::Value::Array(a)) if *index < a.len() => {
+            // Keep indices stable for the messages: replace, don't shift.
+            a[*index] = toml::Value::Table(toml::Table::new());
+            true
+        }
+        _ => false,
     }
 }
 
@@ -466,6 +522,8 @@ mod tests {
             [upstream]
             url = "ftp://x"
             idle-timeout = "0s"
+            connect-timeout = "soon"
+            h2c = "maybe"
             [accounting]
             min-ratio = 3.0
             [observe]
@@ -485,6 +543,8 @@ mod tests {
             "server.lisen: unknown field",
             "upstream.url",
             "upstream.idle-timeout: must be greater than zero",
+            "upstream.connect-timeout: invalid value",
+            "upstream.h2c: invalid type",
             "accounting.min-ratio",
             "observe.queue",
             "route[0].path",

@@ -49,7 +49,15 @@ struct ServeArgs {
     log_json: bool,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        // The whole chain, without a backtrace: these are user-facing errors.
+        eprintln!("residue: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { file } => {

@@ -21,6 +21,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use prometheus::IntGauge;
+use tracing::Instrument;
 
 use crate::body::{BoxError, StreamEnd, StreamHook, TapBody};
 use crate::config::{Config, RouteConfig};
@@ -105,8 +106,21 @@ impl Proxy {
         req: Request<Incoming>,
     ) -> Result<Response<ResponseBody>, Infallible> {
         let received = Instant::now();
-        let in_flight = InFlight::new(&self.metrics.in_flight);
         let request_id = request_id(req.headers());
+        // Every log line about this request carries its id.
+        let span = tracing::info_span!("request", request_id = %request_id);
+        self.handle_in_span(req, received, request_id)
+            .instrument(span)
+            .await
+    }
+
+    async fn handle_in_span(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        received: Instant,
+        request_id: Arc<str>,
+    ) -> Result<Response<ResponseBody>, Infallible> {
+        let in_flight = InFlight::new(&self.metrics.in_flight);
         let tenant = self.tenants.resolve(req.headers());
         let route = protocol::match_route(req.uri().path());
         let mut ctx = RequestCtx {
@@ -129,7 +143,12 @@ impl Proxy {
                     .requests
                     .with_label_values(&[family_label, rejection.status.as_str()])
                     .inc();
-                tracing::info!(request_id = %ctx.request_id, status = rejection.status.as_u16(), kind = rejection.kind, source = rejection.source.as_str(), "Request answered by residue.");
+                tracing::info!(
+                    status = rejection.status.as_u16(),
+                    kind = rejection.kind,
+                    source = rejection.source.as_str(),
+                    "Request answered by residue."
+                );
                 let mut resp = rejection.into_response(ctx.family);
                 set_request_id(resp.headers_mut(), &ctx.request_id);
                 resp.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
@@ -174,7 +193,7 @@ impl Proxy {
                                 protocol::RequestError::Shape(_) => "request_shape",
                             };
                             self.metrics.unscanned.with_label_values(&[reason]).inc();
-                            tracing::debug!(request_id = %ctx.request_id, reason, "Request forwarded unscanned.");
+                            tracing::debug!(reason, "Request forwarded unscanned.");
                         }
                     }
                     Full::new(bytes)
