@@ -528,7 +528,9 @@ fn header_str(headers: &HeaderMap, name: HeaderName) -> Option<String> {
 
 /// Removes the headers that describe one connection rather than the message
 /// (RFC 9110 §7.6.1), including those the `Connection` header names. `te:
-/// trailers` is kept: it is end-to-end in practice (gRPC, HTTP/2).
+/// trailers` is kept: it is end-to-end in practice (gRPC, HTTP/2). So is
+/// `Trailer`, which RFC 9110 does not count as hop-by-hop and without which
+/// hyper will not send the trailer fields on HTTP/1.1.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -548,7 +550,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         HeaderName::from_static("proxy-connection"),
         header::PROXY_AUTHENTICATE,
         header::PROXY_AUTHORIZATION,
-        header::TRAILER,
         header::TRANSFER_ENCODING,
         header::UPGRADE,
     ] {

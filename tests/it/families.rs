@@ -255,6 +255,7 @@ async fn every_family_passes_through_unchanged_and_is_extracted_exactly() {
             chunks,
             delay: Duration::from_millis(1),
             gate: None,
+            trailers: None,
         };
         let upstream = FakeUpstream::start(move |_| reply.clone()).await;
         let (residue, recorder) = support::start(support::config(&upstream.url())).await;

@@ -325,3 +325,40 @@ async fn shutdown_lets_in_flight_streams_finish() {
     // New connections are refused once stopped.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+#[tokio::test]
+async fn trailers_pass_through() {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-checksum", "abc123".parse().unwrap());
+    let mut reply = Reply::stream(
+        "application/octet-stream",
+        vec![Bytes::from("part one "), Bytes::from("part two")],
+    );
+    reply.trailers = Some(trailers);
+    let reply = reply.header("trailer", "x-checksum");
+    let upstream = FakeUpstream::start(move |_| reply.clone()).await;
+    let (residue, _) = support::start(support::config(&upstream.url())).await;
+    for http2 in [false, true] {
+        let req = Request::post(format!("http://{}/files", residue.addr))
+            .header("te", "trailers")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let c = if http2 {
+            support::h2_client()
+        } else {
+            client()
+        };
+        let resp = c.request(req).await.unwrap();
+        let collected = resp.into_body().collect().await.unwrap();
+        let got = collected.trailers().cloned();
+        assert_eq!(&collected.to_bytes()[..], b"part one part two");
+        assert_eq!(
+            got.as_ref()
+                .and_then(|t| t.get("x-checksum"))
+                .map(|v| v.to_str().unwrap()),
+            Some("abc123"),
+            "http2={http2}"
+        );
+    }
+    residue.shutdown().await.unwrap();
+}

@@ -40,6 +40,8 @@ pub struct Reply {
     pub chunks: Vec<Bytes>,
     pub delay: Duration,
     pub gate: Option<Arc<Notify>>,
+    /// Sent after the last chunk.
+    pub trailers: Option<HeaderMap>,
 }
 
 impl Reply {
@@ -50,6 +52,7 @@ impl Reply {
             chunks: vec![body.into()],
             delay: Duration::ZERO,
             gate: None,
+            trailers: None,
         }
     }
 
@@ -60,6 +63,7 @@ impl Reply {
             chunks,
             delay: Duration::from_millis(5),
             gate: None,
+            trailers: None,
         }
     }
 
@@ -158,13 +162,14 @@ fn respond(
     cancelled: Arc<AtomicBool>,
     completed: Arc<AtomicUsize>,
 ) -> Response<ChunkStream> {
-    let (tx, mut rx) = mpsc::channel::<Bytes>(1);
+    let (tx, mut rx) = mpsc::channel::<Frame<Bytes>>(1);
     let Reply {
         status,
         headers,
         chunks,
         delay,
         gate,
+        trailers,
     } = reply;
     tokio::spawn(async move {
         for (i, chunk) in chunks.into_iter().enumerate() {
@@ -176,10 +181,13 @@ fn respond(
                     tokio::time::sleep(delay).await;
                 }
             }
-            if tx.send(chunk).await.is_err() {
+            if tx.send(Frame::data(chunk)).await.is_err() {
                 cancelled.store(true, Ordering::SeqCst);
                 return;
             }
+        }
+        if let Some(trailers) = trailers {
+            let _ = tx.send(Frame::trailers(trailers)).await;
         }
         // Wait until the last chunk was taken, then end the body.
         while tx.capacity() < tx.max_capacity() {
@@ -192,9 +200,7 @@ fn respond(
         drop(tx);
         completed.fetch_add(1, Ordering::SeqCst);
     });
-    let stream = futures_util::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
-    });
+    let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok)));
     let mut resp = Response::new(StreamBody::new(
         Box::pin(stream) as futures_util::stream::BoxStream<'static, _>
     ));
