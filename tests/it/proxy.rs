@@ -16,6 +16,14 @@ fn chat_stream_request() -> &'static str {
     r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"Count to three."}]}"#
 }
 
+/// A streaming chat request to residue at `addr`.
+fn stream_request(addr: std::net::SocketAddr) -> Request<Full<Bytes>> {
+    Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(chat_stream_request())))
+        .unwrap()
+}
+
 fn chat_events(n: usize) -> Vec<Bytes> {
     (0..n)
         .map(|i| {
@@ -34,10 +42,7 @@ async fn first_sse_event_reaches_the_client_before_the_upstream_finishes() {
     let upstream = FakeUpstream::start(move |_| reply.clone()).await;
     let (residue, recorder) = support::start(support::config(&upstream.url())).await;
 
-    let req = Request::post(format!("http://{}/v1/chat/completions", residue.addr))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(chat_stream_request())))
-        .unwrap();
+    let req = stream_request(residue.addr);
     let resp = client().request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let mut body = resp.into_body();
@@ -81,10 +86,7 @@ async fn a_client_that_disconnects_mid_stream_cancels_the_upstream_request() {
     let upstream = FakeUpstream::start(move |_| reply.clone()).await;
     let (residue, recorder) = support::start(support::config(&upstream.url())).await;
 
-    let req = Request::post(format!("http://{}/v1/chat/completions", residue.addr))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(chat_stream_request())))
-        .unwrap();
+    let req = stream_request(residue.addr);
     let resp = client().request(req).await.unwrap();
     let mut body = resp.into_body();
     body.frame().await.unwrap().unwrap();
@@ -306,10 +308,7 @@ async fn shutdown_lets_in_flight_streams_finish() {
     let upstream = FakeUpstream::start(move |_| reply.clone()).await;
     let (residue, _) = support::start(support::config(&upstream.url())).await;
     let addr = residue.addr;
-    let req = Request::post(format!("http://{addr}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(chat_stream_request())))
-        .unwrap();
+    let req = stream_request(addr);
     let resp = client().request(req).await.unwrap();
     let reader =
         tokio::spawn(async move { resp.into_body().collect().await.map(|c| c.to_bytes()) });
