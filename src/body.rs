@@ -76,6 +76,11 @@ pin_project! {
         hook: Option<Box<dyn StreamHook>>,
         idle_timeout: Option<Duration>,
         idle: Option<Pin<Box<Sleep>>>,
+        // Whether `idle` measures the current wait. The clock starts when
+        // residue starts waiting for the upstream, not when the last frame
+        // arrived: a client that reads slowly must not make a healthy
+        // upstream look idle.
+        armed: bool,
     }
 
     impl<B> PinnedDrop for TapBody<B> {
@@ -95,6 +100,7 @@ impl<B> TapBody<B> {
             hook: Some(hook),
             idle_timeout,
             idle: None,
+            armed: false,
         }
     }
 }
@@ -116,9 +122,14 @@ where
         let frame = match polled {
             Poll::Pending => {
                 if let Some(timeout) = *this.idle_timeout {
+                    let deadline = Instant::now() + timeout;
                     let sleep = this
                         .idle
-                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    if !*this.armed {
+                        sleep.as_mut().reset(deadline);
+                        *this.armed = true;
+                    }
                     ready!(sleep.as_mut().poll(cx));
                     if let Some(hook) = this.hook.take() {
                         hook.on_end(StreamEnd::IdleTimeout, None);
@@ -129,10 +140,8 @@ where
             }
             Poll::Ready(frame) => frame,
         };
-        // A frame arrived: the idle clock starts again.
-        if let (Some(sleep), Some(timeout)) = (this.idle.as_mut(), *this.idle_timeout) {
-            sleep.as_mut().reset(Instant::now() + timeout);
-        }
+        // A frame arrived: the next wait starts a fresh clock.
+        *this.armed = false;
         match frame {
             Some(Ok(frame)) => {
                 if let Some(hook) = this.hook.as_mut() {
@@ -225,6 +234,28 @@ mod tests {
         assert!(err.to_string().contains("sent nothing"));
         drop(body);
         assert_eq!(seen.0.lock().unwrap().1, vec![StreamEnd::IdleTimeout]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_does_not_trip_the_idle_timeout() {
+        let seen = Seen::default();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tx.send(Ok(Frame::data(Bytes::from("a")))).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(63)).await;
+            tx.send(Ok(Frame::data(Bytes::from("c")))).await.unwrap();
+        });
+        let stream = StreamBody::new(tokio_stream_from(rx));
+        let mut body = TapBody::new(stream, Box::new(seen.clone()), Some(Duration::from_secs(5)));
+        // Waits 1 s for "a": the idle clock runs during that wait.
+        body.frame().await.unwrap().unwrap();
+        // The client dawdles far past the idle timeout...
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        // ...then waits 3 s for "c": within the timeout, measured from now.
+        let c = body.frame().await.unwrap().unwrap();
+        assert_eq!(c.into_data().unwrap(), Bytes::from("c"));
+        assert!(seen.0.lock().unwrap().1.is_empty());
     }
 
     fn tokio_stream_from<T>(

@@ -55,9 +55,20 @@ pub struct ServerConfig {
     /// Request bodies on scanned routes are read whole (the prompt is needed
     /// before forwarding); larger ones get a 413.
     pub max_request_bytes: usize,
+    /// Bytes of request bodies being read at once, across all requests;
+    /// past it new requests get a 503 rather than exhausting memory.
+    pub max_buffered_bytes: usize,
     /// Slow-loris guard: the time a client has to send its request headers.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// The time a client has to send a request body residue must read (on
+    /// scanned routes) → 408.
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// HTTP/2 pings to idle client connections; a peer that stops answering
+    /// is disconnected.
+    #[serde(with = "humantime_serde")]
+    pub http2_keep_alive_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -67,7 +78,10 @@ impl Default for ServerConfig {
             admin_listen: ([127, 0, 0, 1], 9090).into(),
             drain_timeout: Duration::from_secs(30),
             max_request_bytes: 32 << 20,
+            max_buffered_bytes: 512 << 20,
             header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(60),
+            http2_keep_alive_interval: Duration::from_secs(30),
         }
     }
 }
@@ -124,6 +138,10 @@ pub struct ObserveConfig {
     /// Bytes of a response kept for scanning; the rest is forwarded but not
     /// scanned (counted as truncated).
     pub max_response_bytes: usize,
+    /// Bytes (prompts plus captured responses) the scan queue may hold in
+    /// all; past it exchanges are dropped and counted
+    /// (`reason="queue_bytes"`), so big prompts cannot exhaust memory.
+    pub max_queue_bytes: usize,
 }
 
 impl Default for ObserveConfig {
@@ -132,6 +150,7 @@ impl Default for ObserveConfig {
             queue: 4096,
             workers: 1,
             max_response_bytes: 8 << 20,
+            max_queue_bytes: 256 << 20,
         }
     }
 }
@@ -353,6 +372,15 @@ impl Config {
         }
         if self.server.max_request_bytes == 0 {
             errors.push("server.max-request-bytes: must be greater than zero".to_string());
+        }
+        if self.observe.max_queue_bytes == 0 {
+            errors.push("observe.max-queue-bytes: must be greater than zero".to_string());
+        }
+        if self.server.max_buffered_bytes < self.server.max_request_bytes {
+            errors.push(format!(
+                "server.max-buffered-bytes: {} is below server.max-request-bytes ({}): no request that size could ever be read",
+                self.server.max_buffered_bytes, self.server.max_request_bytes
+            ));
         }
         if self.observe.queue == 0 {
             errors.push("observe.queue: must be at least 1".to_string());

@@ -7,6 +7,7 @@
 //! plain `std::thread`s (as TEI runs its model): decoding and counting tokens
 //! is CPU work that must not sit on the async workers.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -64,29 +65,67 @@ pub struct Exchange {
     pub end: StreamEnd,
 }
 
+impl Exchange {
+    /// The bytes this exchange holds while queued: what the byte budget
+    /// charges.
+    pub fn held_bytes(&self) -> usize {
+        let prompt: usize = self.prompt.parts.iter().map(|p| p.len()).sum();
+        let body: usize = self.body.iter().map(|b| b.len()).sum();
+        prompt + body
+    }
+}
+
 /// The handle the forwarding path holds.
 #[derive(Clone)]
 pub struct Observer {
-    tx: mpsc::Sender<Exchange>,
+    tx: mpsc::Sender<(Exchange, usize)>,
     metrics: Metrics,
+    budget: Arc<ByteBudget>,
+}
+
+/// Bytes held by queued exchanges, against a cap.
+struct ByteBudget {
+    held: AtomicUsize,
+    max: usize,
+}
+
+impl ByteBudget {
+    fn try_take(&self, n: usize) -> bool {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + n <= self.max).then_some(held + n)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::AcqRel);
+    }
 }
 
 impl Observer {
-    /// Queues an exchange for scanning. Never waits.
+    /// Queues an exchange for scanning. Never waits: a full queue, or one
+    /// holding `observe.max-queue-bytes` already, drops it and counts it.
     pub fn submit(&self, exchange: Exchange) {
-        match self.tx.try_send(exchange) {
-            Ok(()) => self.metrics.scan_queue_depth.inc(),
-            Err(mpsc::error::TrySendError::Full(_)) => self
-                .metrics
+        let bytes = exchange.held_bytes();
+        if !self.budget.try_take(bytes) {
+            self.metrics
                 .scan_dropped
-                .with_label_values(&["queue_full"])
-                .inc(),
-            Err(mpsc::error::TrySendError::Closed(_)) => self
-                .metrics
-                .scan_dropped
-                .with_label_values(&["closed"])
-                .inc(),
+                .with_label_values(&["queue_bytes"])
+                .inc();
+            return;
         }
+        // Counted before sending, so that a fast scanner's decrement can never
+        // come first and take the gauge below zero.
+        self.metrics.scan_queue_depth.inc();
+        let reason = match self.tx.try_send((exchange, bytes)) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Full(_)) => "queue_full",
+            Err(mpsc::error::TrySendError::Closed(_)) => "closed",
+        };
+        self.metrics.scan_queue_depth.dec();
+        self.budget.give_back(bytes);
+        self.metrics.scan_dropped.with_label_values(&[reason]).inc();
     }
 }
 
@@ -99,9 +138,19 @@ pub struct Scanners {
 }
 
 /// Starts `workers` scanner threads. They exit once every [`Observer`] clone
-/// is dropped and the queue is drained.
-pub fn start(queue: usize, workers: usize, scanners: Scanners) -> (Observer, Vec<JoinHandle<()>>) {
-    let (tx, rx) = mpsc::channel(queue);
+/// is dropped and the queue is drained. `max_bytes` caps what queued
+/// exchanges may hold in all.
+pub fn start(
+    queue: usize,
+    max_bytes: usize,
+    workers: usize,
+    scanners: Scanners,
+) -> (Observer, Vec<JoinHandle<()>>) {
+    let (tx, rx) = mpsc::channel::<(Exchange, usize)>(queue);
+    let budget = Arc::new(ByteBudget {
+        held: AtomicUsize::new(0),
+        max: max_bytes,
+    });
     // A std mutex around the receiver makes the channel multi-consumer: one
     // worker waits in `blocking_recv` while holding it, the others wait for the
     // lock; nothing async happens while it is held.
@@ -111,6 +160,7 @@ pub fn start(queue: usize, workers: usize, scanners: Scanners) -> (Observer, Vec
         .map(|i| {
             let rx = rx.clone();
             let scanners = scanners.clone();
+            let budget = budget.clone();
             std::thread::Builder::new()
                 .name(format!("residue-scan-{i}"))
                 .spawn(move || loop {
@@ -121,15 +171,38 @@ pub fn start(queue: usize, workers: usize, scanners: Scanners) -> (Observer, Vec
                         };
                         rx.blocking_recv()
                     };
-                    let Some(exchange) = next else { break };
+                    let Some((exchange, bytes)) = next else { break };
                     scanners.metrics.scan_queue_depth.dec();
-                    scanners.scan(&exchange);
+                    // A bug in one detector must not end scanning for good:
+                    // count it and go on with the next exchange.
+                    let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        scanners.scan(&exchange)
+                    }));
+                    drop(exchange);
+                    budget.give_back(bytes);
+                    if scanned.is_err() {
+                        scanners
+                            .metrics
+                            .scan_errors
+                            .with_label_values(&["panic"])
+                            .inc();
+                        tracing::error!(
+                            "A scanner panicked; the exchange was not scanned. This is a bug."
+                        );
+                    }
                 })
                 .expect("spawning a scanner thread. This is a bug.")
         })
         .collect();
     let metrics = scanners.metrics.clone();
-    (Observer { tx, metrics }, handles)
+    (
+        Observer {
+            tx,
+            metrics,
+            budget,
+        },
+        handles,
+    )
 }
 
 /// Decodes a captured response body into its output text and usage.

@@ -18,9 +18,10 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use prometheus::IntGauge;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use crate::body::{BoxError, StreamEnd, StreamHook, TapBody};
@@ -50,6 +51,9 @@ pub struct Proxy {
     max_request_bytes: usize,
     max_response_bytes: usize,
     idle_timeout: Duration,
+    body_read_timeout: Duration,
+    /// KiB of request bodies held at once (`server.max-buffered-bytes`).
+    buffered: Arc<Semaphore>,
 }
 
 /// What the request phases learned, carried to the response phases.
@@ -59,6 +63,11 @@ struct RequestCtx {
     tenant: Tenant,
     family: Option<Family>,
     scan: Option<ScanCtx>,
+    /// Time spent waiting for the client's body (not residue's latency).
+    body_read: Duration,
+    /// The request body's charge against `server.max-buffered-bytes`, held
+    /// until the exchange ends.
+    body_permit: Option<OwnedSemaphorePermit>,
 }
 
 struct ScanCtx {
@@ -96,6 +105,10 @@ impl Proxy {
             max_request_bytes: config.server.max_request_bytes,
             max_response_bytes: config.observe.max_response_bytes,
             idle_timeout: config.upstream.idle_timeout,
+            body_read_timeout: config.server.body_read_timeout,
+            buffered: Arc::new(Semaphore::new(
+                (config.server.max_buffered_bytes / 1024).clamp(1, Semaphore::MAX_PERMITS),
+            )),
         })
     }
 
@@ -129,6 +142,8 @@ impl Proxy {
             tenant,
             family: route.map(|r| r.family_hint()),
             scan: None,
+            body_read: Duration::ZERO,
+            body_permit: None,
         };
         let result = self.proxy(req, route, &mut ctx, in_flight).await;
         let family_label = ctx.family.map(|f| f.as_str()).unwrap_or("unknown");
@@ -151,6 +166,7 @@ impl Proxy {
                 );
                 let mut resp = rejection.into_response(ctx.family);
                 set_request_id(resp.headers_mut(), &ctx.request_id);
+                set_residue_request_id(resp.headers_mut(), &ctx.request_id);
                 resp.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync())
             }
         })
@@ -164,10 +180,6 @@ impl Proxy {
         in_flight: InFlight,
     ) -> Result<Response<ResponseBody>, Rejection> {
         let (parts, body) = req.into_parts();
-        let rule = self
-            .routes
-            .iter()
-            .find(|r| r.config.matches(parts.uri.path()));
 
         // Phase 2: on a scanned route, read the prompt; anything else streams.
         let scannable = route.is_some() && parts.method == Method::POST;
@@ -177,7 +189,10 @@ impl Proxy {
                     self.metrics.unscanned.with_label_values(&[reason]).inc();
                     body.map_err(BoxError::from).boxed_unsync()
                 } else {
-                    let bytes = self.read_body(&parts.headers, body).await?;
+                    let read_started = Instant::now();
+                    let (bytes, permit) = self.read_body(&parts.headers, body).await?;
+                    ctx.body_read = read_started.elapsed();
+                    ctx.body_permit = permit;
                     self.metrics
                         .bytes
                         .with_label_values(&["request"])
@@ -185,6 +200,7 @@ impl Proxy {
                     match protocol::parse_request(route, &bytes) {
                         Ok(parsed) => {
                             ctx.family = Some(parsed.endpoint.family());
+                            let rule = self.rule_for(parts.uri.path(), parsed.endpoint);
                             ctx.scan = Some(self.guard(parsed, rule).await?);
                         }
                         Err(e) => {
@@ -238,7 +254,13 @@ impl Proxy {
             .observe(response_head.duration_since(forwarded).as_secs_f64());
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        set_request_id(&mut parts.headers, &ctx.request_id);
+        // An upstream's own request id (OpenAI's `req_…`) is what its
+        // support desk knows: keep it. residue's id always goes out as
+        // `x-residue-request-id`, and as `x-request-id` when there is none.
+        if !parts.headers.contains_key(&X_REQUEST_ID) {
+            set_request_id(&mut parts.headers, &ctx.request_id);
+        }
+        set_residue_request_id(&mut parts.headers, &ctx.request_id);
         let status = parts.status;
         self.metrics
             .requests
@@ -281,9 +303,14 @@ impl Proxy {
             truncated: false,
             scan,
             _in_flight: in_flight,
+            _body_permit: ctx.body_permit.take(),
         });
         let body = TapBody::new(body, hook, Some(self.idle_timeout)).boxed_unsync();
-        let added = forwarded.duration_since(ctx.received) + response_head.elapsed();
+        // The client's upload time is not residue's: leave it out.
+        let added = forwarded
+            .duration_since(ctx.received)
+            .saturating_sub(ctx.body_read)
+            + response_head.elapsed();
         self.metrics
             .added_latency
             .with_label_values(&[family_label])
@@ -291,8 +318,30 @@ impl Proxy {
         Ok(Response::from_parts(parts, body))
     }
 
-    /// Reads a request body whole, up to `server.max-request-bytes`.
-    async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, Rejection> {
+    /// The `[[route]]` rule for a request: its path as sent, without a
+    /// trailing `/`, or the endpoint's documented path.
+    fn rule_for(&self, path: &str, endpoint: Endpoint) -> Option<&RouteRule> {
+        let trimmed = path
+            .strip_suffix('/')
+            .filter(|p| !p.is_empty())
+            .unwrap_or(path);
+        let canonical = endpoint.canonical_path();
+        self.routes.iter().find(|r| {
+            r.config.matches(path)
+                || r.config.matches(trimmed)
+                || canonical.is_some_and(|c| r.config.matches(c))
+        })
+    }
+
+    /// Reads a request body whole: at most `server.max-request-bytes`
+    /// (→ 413), within `server.body-read-timeout` (→ 408), and charged to the
+    /// `server.max-buffered-bytes` budget shared by all requests (→ 503). The
+    /// permit returned holds that charge until the exchange ends.
+    async fn read_body(
+        &self,
+        headers: &HeaderMap,
+        mut body: Incoming,
+    ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Rejection> {
         let too_large = || {
             Rejection::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -313,14 +362,72 @@ impl Proxy {
                 return Err(too_large());
             }
         }
-        match Limited::new(body, self.max_request_bytes).collect().await {
-            Ok(collected) => Ok(collected.to_bytes()),
-            Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
-            Err(e) => Err(Rejection::new(
-                StatusCode::BAD_REQUEST,
-                "request_body_error",
+        let read = async {
+            let mut chunks: Vec<Bytes> = Vec::new();
+            let mut total = 0usize;
+            let mut permit: Option<OwnedSemaphorePermit> = None;
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| {
+                    Rejection::new(
+                        StatusCode::BAD_REQUEST,
+                        "request_body_error",
+                        ErrorSource::Downstream,
+                        format!("reading the request body failed: {e}"),
+                    )
+                })?;
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                total += data.len();
+                if total > self.max_request_bytes {
+                    return Err(too_large());
+                }
+                // Charge in KiB, rounding up, as the body grows.
+                let want = total.div_ceil(1024) as u32;
+                let have = permit.as_ref().map_or(0, |p| p.num_permits() as u32);
+                if want > have {
+                    match self.buffered.clone().try_acquire_many_owned(want - have) {
+                        Ok(more) => match permit.as_mut() {
+                            Some(p) => p.merge(more),
+                            None => permit = Some(more),
+                        },
+                        Err(_) => {
+                            self.metrics
+                                .rejected
+                                .with_label_values(&["overloaded"])
+                                .inc();
+                            return Err(Rejection::new(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "overloaded",
+                                ErrorSource::Internal,
+                                "too many request bytes in flight (server.max-buffered-bytes); retry shortly",
+                            ));
+                        }
+                    }
+                }
+                chunks.push(data);
+            }
+            let bytes = if chunks.len() == 1 {
+                chunks.pop().unwrap_or_default()
+            } else {
+                let mut all = Vec::with_capacity(total);
+                for c in &chunks {
+                    all.extend_from_slice(c);
+                }
+                Bytes::from(all)
+            };
+            Ok((bytes, permit))
+        };
+        match tokio::time::timeout(self.body_read_timeout, read).await {
+            Ok(result) => result,
+            Err(_) => Err(Rejection::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_body_timeout",
                 ErrorSource::Downstream,
-                format!("reading the request body failed: {e}"),
+                format!(
+                    "the request body did not arrive within {:?} (server.body-read-timeout)",
+                    self.body_read_timeout
+                ),
             )),
         }
     }
@@ -424,6 +531,7 @@ struct ResponseHook {
     truncated: bool,
     scan: Option<PendingExchange>,
     _in_flight: InFlight,
+    _body_permit: Option<OwnedSemaphorePermit>,
 }
 
 impl StreamHook for ResponseHook {
@@ -516,6 +624,12 @@ fn request_id(headers: &HeaderMap) -> Arc<str> {
 fn set_request_id(headers: &mut HeaderMap, id: &str) {
     if let Ok(v) = HeaderValue::from_str(id) {
         headers.insert(X_REQUEST_ID, v);
+    }
+}
+
+fn set_residue_request_id(headers: &mut HeaderMap, id: &str) {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        headers.insert(HeaderName::from_static("x-residue-request-id"), v);
     }
 }
 

@@ -42,6 +42,7 @@ pub struct Residue {
     threads: Vec<std::thread::JoinHandle<()>>,
     drain_timeout: Duration,
     header_read_timeout: Duration,
+    http2_keep_alive_interval: Duration,
 }
 
 impl Residue {
@@ -83,6 +84,7 @@ impl Residue {
         detectors.extend(extra);
         let (observer, mut threads) = observe::start(
             config.observe.queue,
+            config.observe.max_queue_bytes,
             config.observe.workers,
             Scanners {
                 detectors,
@@ -116,6 +118,7 @@ impl Residue {
             threads,
             drain_timeout: config.server.drain_timeout,
             header_read_timeout: config.server.header_read_timeout,
+            http2_keep_alive_interval: config.server.http2_keep_alive_interval,
         })
     }
 
@@ -150,6 +153,7 @@ impl Residue {
             threads,
             drain_timeout,
             header_read_timeout,
+            http2_keep_alive_interval,
         } = self;
         let ready = Arc::new(AtomicBool::new(true));
         let admin_task = tokio::spawn(serve_admin(admin, metrics, ready.clone()));
@@ -159,8 +163,15 @@ impl Residue {
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(header_read_timeout);
-        builder.http2().timer(TokioTimer::new());
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(http2_keep_alive_interval)
+            .keep_alive_timeout(Duration::from_secs(20));
         let graceful = GracefulShutdown::new();
+        // Every connection's task, so that those still open at the drain
+        // deadline can be closed rather than left running.
+        let mut connections = tokio::task::JoinSet::new();
         tracing::info!(listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "Proxy listening.");
         tokio::pin!(shutdown);
         loop {
@@ -181,12 +192,14 @@ impl Residue {
                     let service = service_fn(move |req| proxy.clone().handle(req));
                     let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                     let conn = graceful.watch(conn);
-                    tokio::spawn(async move {
+                    connections.spawn(async move {
                         if let Err(e) = conn.await {
                             tracing::debug!(error = %e, "Client connection ended with an error.");
                         }
                     });
                 }
+                // Reap finished connections so the set does not grow.
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 () = &mut shutdown => break,
             }
         }
@@ -197,8 +210,13 @@ impl Residue {
             .await
             .is_err()
         {
-            tracing::warn!("Drain deadline passed with requests still in flight; closing them.");
+            tracing::warn!(
+                open = connections.len(),
+                "Drain deadline passed with requests still in flight; closing them."
+            );
         }
+        connections.abort_all();
+        while connections.join_next().await.is_some() {}
         // The scanners stop once the last handle to their queue is gone: ours,
         // and those of connections that have now ended.
         drop(proxy);

@@ -14,6 +14,14 @@ use crate::config::AccountingConfig;
 
 pub const NAME: &str = "prompt_accounting";
 
+fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 #[derive(Debug, Clone)]
 pub struct PromptAccounting {
     min_ratio: f64,
@@ -65,7 +73,8 @@ impl Detector for PromptAccounting {
                         "ratio": ratio,
                         "min_ratio": self.min_ratio,
                         "counter": input.counter,
-                        "finish_reason": usage.finish_reason,
+                        // Upstream-controlled: keep it short.
+                        "finish_reason": usage.finish_reason.as_deref().map(|r| clip(r, 64)),
                     }),
                 });
             }

@@ -102,6 +102,23 @@ impl Endpoint {
             Endpoint::CloudflareRun => "cloudflare.run",
         }
     }
+
+    /// The path this endpoint is documented under, for matching `[[route]]`
+    /// rules whatever spelling a client used (`/chat/completions`, a
+    /// trailing `/`). Cloudflare's path holds the model: none.
+    pub fn canonical_path(&self) -> Option<&'static str> {
+        match self {
+            Endpoint::OpenAiChat => Some("/v1/chat/completions"),
+            Endpoint::OpenAiCompletions => Some("/v1/completions"),
+            Endpoint::OpenAiResponses => Some("/v1/responses"),
+            Endpoint::AnthropicMessages => Some("/v1/messages"),
+            Endpoint::SglangGenerate | Endpoint::TgiGenerate => Some("/generate"),
+            Endpoint::TgiGenerateStream => Some("/generate_stream"),
+            Endpoint::OllamaChat => Some("/api/chat"),
+            Endpoint::OllamaGenerate => Some("/api/generate"),
+            Endpoint::CloudflareRun => None,
+        }
+    }
 }
 
 /// What a path alone says. `/generate` is both SGLang's and TGI's; the body

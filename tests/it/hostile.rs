@@ -43,8 +43,17 @@ async fn malformed_and_non_json_requests_are_forwarded_untouched() {
     let (status, _, _) = send(&client(), req).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(&upstream.last().body[..], CHAT.as_bytes());
-    let unscanned = support::metric(residue.admin_addr, "residue_unscanned_total", &[]).await;
-    assert!(unscanned >= 6.0, "unscanned = {unscanned}");
+    // Invalid UTF-8 inside a JSON string is read lossily (and scanned); the
+    // rest cannot be read as a request and is counted by reason.
+    for (reason, want) in [("request_not_json", 5.0), ("request_shape", 1.0)] {
+        let got = support::metric(
+            residue.admin_addr,
+            "residue_unscanned_total",
+            &[("reason", reason)],
+        )
+        .await;
+        assert_eq!(got, want, "{reason}");
+    }
     residue.shutdown().await.unwrap();
 }
 
@@ -98,14 +107,14 @@ async fn encoded_responses_are_forwarded_as_they_came_and_decoded_for_scanning()
 
 #[tokio::test]
 async fn broken_responses_are_forwarded_unchanged() {
-    let bodies: Vec<(&str, &str, Vec<u8>)> = vec![
-        ("application/json", "identity", b"{\"choices\": [".to_vec()),
-        ("text/event-stream", "identity", vec![b'd', b'a', b't', b'a', b':', b' ', 0xff, 0xc3, b'\n', b'\n']),
-        ("text/event-stream", "identity", b"data: {\"choices\":[{\"delta\":{\"content\":5}}]}\n\ndata: [DONE]\n\ndata: garbage\n\n".to_vec()),
-        ("application/json", "gzip", b"this is not gzip".to_vec()),
-        ("application/json", "compress", b"lzw?".to_vec()),
+    let bodies: Vec<(&str, &str, Vec<u8>, &str)> = vec![
+        ("application/json", "identity", b"{\"choices\": [".to_vec(), "malformed"),
+        ("text/event-stream", "identity", vec![b'd', b'a', b't', b'a', b':', b' ', 0xff, 0xc3, b'\n', b'\n'], "malformed"),
+        ("text/event-stream", "identity", b"data: {\"choices\":[{\"delta\":{\"content\":5}}]}\n\ndata: [DONE]\n\ndata: garbage\n\n".to_vec(), "malformed"),
+        ("application/json", "gzip", b"this is not gzip".to_vec(), "corrupt_encoding"),
+        ("application/json", "compress", b"lzw?".to_vec(), "unsupported_encoding"),
     ];
-    for (ct, encoding, bytes) in bodies {
+    for (ct, encoding, bytes, reason) in bodies {
         let reply = Reply::stream(ct, vec![Bytes::from(bytes.clone())])
             .header("content-encoding", encoding);
         let upstream = FakeUpstream::start(move |_| reply.clone()).await;
@@ -114,6 +123,13 @@ async fn broken_responses_are_forwarded_unchanged() {
         assert_eq!(status, StatusCode::OK);
         assert_eq!(&body[..], &bytes[..]);
         recorder.one().await;
+        let counted = support::metric(
+            residue.admin_addr,
+            "residue_scan_errors_total",
+            &[("reason", reason)],
+        )
+        .await;
+        assert_eq!(counted, 1.0, "{ct} {encoding}: {reason} not counted");
         residue.shutdown().await.unwrap();
     }
 }

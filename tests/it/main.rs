@@ -1,8 +1,10 @@
 //! One integration-test binary, a module per area, so it compiles once.
 
 mod accounting;
+mod cli;
 mod families;
 mod hostile;
+mod limits;
 mod proxy;
 mod sdk;
 mod support;
