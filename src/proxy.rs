@@ -237,6 +237,9 @@ impl Proxy {
         *upstream_req.version_mut() = Version::HTTP_11;
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
+        if parts.version == Version::HTTP_2 {
+            join_cookies(&mut headers);
+        }
         headers.remove(header::HOST);
         set_request_id(&mut headers, &ctx.request_id);
         *upstream_req.headers_mut() = headers;
@@ -627,6 +630,23 @@ fn set_request_id(headers: &mut HeaderMap, id: &str) {
     }
 }
 
+/// HTTP/2 clients may split `cookie` into several fields; an HTTP/1.1
+/// upstream expects one (RFC 9113 §8.2.3).
+fn join_cookies(headers: &mut HeaderMap) {
+    let cookies: Vec<&[u8]> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if cookies.len() < 2 {
+        return;
+    }
+    let joined = cookies.join(&b"; "[..]);
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, v);
+    }
+}
+
 fn set_residue_request_id(headers: &mut HeaderMap, id: &str) {
     if let Ok(v) = HeaderValue::from_str(id) {
         headers.insert(HeaderName::from_static("x-residue-request-id"), v);
@@ -710,6 +730,16 @@ mod tests {
         h.insert(header::TE, HeaderValue::from_static("trailers"));
         strip_hop_by_hop(&mut h);
         assert!(h.contains_key(header::TE));
+    }
+
+    #[test]
+    fn split_cookies_are_joined() {
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        h.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        join_cookies(&mut h);
+        assert_eq!(h.get_all(header::COOKIE).iter().count(), 1);
+        assert_eq!(h[header::COOKIE], "a=1; b=2");
     }
 
     #[test]

@@ -246,3 +246,55 @@ async fn max_prompt_tokens_guard_answers_413_in_the_family_shape() {
     );
     residue.shutdown().await.unwrap();
 }
+
+/// A WordLevel tokenizer (one token per whitespace-separated word or
+/// punctuation mark), written at test time.
+const TOKENIZER_JSON: &str = r#"{
+  "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+  "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+  "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "tok": 1}, "unk_token": "[UNK]"}
+}"#;
+
+#[tokio::test]
+async fn a_routes_tokenizer_gives_exact_counts() {
+    let path = temp_path("tokenizer.json");
+    std::fs::write(&path, TOKENIZER_JSON).unwrap();
+    // 3,000 one-letter words: 3,000 tokens for this tokenizer, ~1,500 by the
+    // estimate. The upstream reports 1,400: fine by the estimate, a leak
+    // signature (< 0.5 × 3,000) by the real tokenizer.
+    let upstream = FakeUpstream::start(|_| Reply::json(answer(1_400))).await;
+    let mut config = support::config(&upstream.url());
+    config.routes.push(RouteConfig {
+        path: "/v1/chat/completions".into(),
+        tokenizer: Some(path.clone()),
+        max_prompt_tokens: None,
+    });
+    let (residue, recorder) = support::start(config).await;
+    let mut live = residue.incidents.subscribe();
+    let prompt = "a ".repeat(3_000);
+    call(residue.addr, "/v1/chat/completions", &[], &chat(&prompt)).await;
+    assert_eq!(recorder.one().await.counted, 3_000);
+    let incident = tokio::time::timeout(Duration::from_secs(5), live.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(incident.evidence["counter"], "tokenizer");
+    assert_eq!(incident.evidence["counted_prompt_tokens"], 3_000);
+    // Another route has no tokenizer: the estimate, and no incident.
+    call(
+        residue.addr,
+        "/v1/completions",
+        &[],
+        &serde_json::json!({"prompt": prompt}).to_string(),
+    )
+    .await;
+    let seen = recorder.wait_for(2).await;
+    assert!(
+        (1_400..=1_600).contains(&seen[1].counted),
+        "{}",
+        seen[1].counted
+    );
+    assert!(live.try_recv().is_err());
+    residue.shutdown().await.unwrap();
+    let _ = std::fs::remove_file(path);
+}
