@@ -17,6 +17,7 @@ pub mod observe;
 pub mod protocol;
 pub mod proxy;
 pub mod server;
+pub mod store;
 pub mod telemetry;
 pub mod tenant;
 pub mod tokens;

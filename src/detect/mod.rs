@@ -2,6 +2,7 @@
 //! no I/O; the observer turns findings into incidents and metrics.
 
 pub mod accounting;
+pub mod canary;
 
 use serde::Serialize;
 
