@@ -39,6 +39,9 @@ pub struct Config {
     pub incidents: IncidentConfig,
     pub log: LogConfig,
     pub privacy: PrivacyConfig,
+    pub fingerprint: FingerprintConfig,
+    pub detect: DetectConfig,
+    pub action: ActionConfig,
     /// Per-route settings, matched in order; the first match wins.
     #[serde(rename = "route")]
     pub routes: Vec<RouteConfig>,
@@ -237,7 +240,73 @@ pub struct PrivacyConfig {
     pub hash_key: Option<String>,
 }
 
+/// What residue does with an answer that has findings.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// The answer goes out untouched; incidents and metrics only.
+    #[default]
+    Monitor,
+    /// The answer is held until scanned; a leaking answer is replaced by an
+    /// error (non-streaming) or cut with an error event (streaming).
+    Block,
+    /// The matched spans are masked; findings without a span (prompt
+    /// accounting) block.
+    Redact,
+}
+
+impl Action {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Action::Monitor => "monitor",
+            Action::Block => "block",
+            Action::Redact => "redact",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct ActionConfig {
+    /// The action where no tenant or route says otherwise.
+    pub default: Action,
+    /// When blocking or redacting and residue cannot scan in time (too many
+    /// answers being scanned at once, or one too large to hold), refuse the
+    /// answer (503) instead of passing it unscanned. Counted either way.
+    pub fail_closed: bool,
+    /// Answers scanned on the request path at once; past it, fail open or
+    /// closed.
+    pub max_concurrent_scans: usize,
+    /// Streaming: characters of the newest answer text held back unsent, so a
+    /// leak detected within them is never sent. At least one guaranteed
+    /// detection run (≈12 words); the default is generous.
+    pub hold_back_chars: usize,
+    /// Per-tenant actions (the tenant as residue resolves it), which win over
+    /// routes' and the default.
+    #[serde(rename = "tenant")]
+    pub tenants: Vec<TenantAction>,
+}
+
+impl Default for ActionConfig {
+    fn default() -> Self {
+        ActionConfig {
+            default: Action::Monitor,
+            fail_closed: false,
+            max_concurrent_scans: 64,
+            hold_back_chars: 256,
+            tenants: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub struct TenantAction {
+    pub tenant: String,
+    pub action: Action,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "kebab-case")]
 pub struct RouteConfig {
     /// An exact path, or a prefix ending in `*`.
@@ -247,6 +316,8 @@ pub struct RouteConfig {
     /// Prompts over this many tokens are answered 413 by residue instead of
     /// being forwarded.
     pub max_prompt_tokens: Option<u64>,
+    /// The action on this route (a tenant's own action wins).
+    pub action: Option<Action>,
 }
 
 impl RouteConfig {
@@ -254,6 +325,72 @@ impl RouteConfig {
         match self.path.strip_suffix('*') {
             Some(prefix) => path.starts_with(prefix),
             None => path == self.path,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct FingerprintConfig {
+    /// How long each tenant's content is remembered.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Memory cap of the in-memory store; the oldest records go first.
+    pub max_bytes: usize,
+    /// A shingle or value produced by this many distinct tenants inside the
+    /// window is boilerplate (shared system prompts, templates, quotes), not
+    /// evidence.
+    pub common_tenants: u32,
+    /// Record answers as well as prompts (residual KV pages hold both).
+    pub record_answers: bool,
+    /// Shingle length and winnowing window for words and for CJK characters;
+    /// unset, the measured defaults (see the README).
+    pub word_k: Option<usize>,
+    pub word_w: Option<usize>,
+    pub cjk_k: Option<usize>,
+    pub cjk_w: Option<usize>,
+}
+
+impl Default for FingerprintConfig {
+    fn default() -> Self {
+        FingerprintConfig {
+            window: Duration::from_secs(30 * 60),
+            max_bytes: 512 << 20,
+            common_tenants: 3,
+            record_answers: true,
+            word_k: None,
+            word_w: None,
+            cjk_k: None,
+            cjk_w: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct DetectConfig {
+    /// `cross_tenant_ngram`: another tenant's text in an answer.
+    pub ngram: bool,
+    /// `cross_tenant_pii`: another tenant's PII values or secrets.
+    pub pii: bool,
+    /// PII and secret rule files; unset, the rules built into the binary.
+    /// Reloaded on SIGHUP and when a file changes.
+    pub rules_dir: Option<PathBuf>,
+    /// What incidents may show of a match: `hashes` (offsets, lengths, rule
+    /// ids) or `masked-snippet`.
+    pub evidence: crate::detect::cross_tenant::Evidence,
+    /// Canary strings and per-tenant honeytokens.
+    pub canary: Vec<crate::detect::canary::CanaryConfig>,
+}
+
+impl Default for DetectConfig {
+    fn default() -> Self {
+        DetectConfig {
+            ngram: true,
+            pii: true,
+            rules_dir: None,
+            evidence: Default::default(),
+            canary: Vec::new(),
         }
     }
 }
@@ -267,6 +404,9 @@ const SECTIONS: &[&str] = &[
     "incidents",
     "log",
     "privacy",
+    "fingerprint",
+    "detect",
+    "action",
     "route",
 ];
 
@@ -309,6 +449,9 @@ impl Config {
         section!("incidents", incidents);
         section!("log", log);
         section!("privacy", privacy);
+        section!("fingerprint", fingerprint);
+        section!("detect", detect);
+        section!("action", action);
         section!("route", routes);
         errors.extend(config.validate());
         if errors.is_empty() {
@@ -410,6 +553,44 @@ impl Config {
             if let Err(e) = crate::hash::HashKey::from_hex(key) {
                 errors.push(format!("privacy.hash-key: {e}"));
             }
+        }
+        if self.action.max_concurrent_scans == 0 {
+            errors.push("action.max-concurrent-scans: must be at least 1".to_string());
+        }
+        if self.action.hold_back_chars < 64 {
+            errors.push(format!(
+                "action.hold-back-chars: {} is too small to hold one detection run; use 64 or more",
+                self.action.hold_back_chars
+            ));
+        }
+        if self.fingerprint.window.is_zero() {
+            errors.push("fingerprint.window: must be greater than zero".to_string());
+        }
+        if self.fingerprint.common_tenants < 2 {
+            errors.push(format!(
+                "fingerprint.common-tenants: {} would discount every match; use 2 or more",
+                self.fingerprint.common_tenants
+            ));
+        }
+        for (name, v, max) in [
+            ("fingerprint.word-k", self.fingerprint.word_k, 32),
+            ("fingerprint.word-w", self.fingerprint.word_w, 64),
+            ("fingerprint.cjk-k", self.fingerprint.cjk_k, 32),
+            ("fingerprint.cjk-w", self.fingerprint.cjk_w, 64),
+        ] {
+            if let Some(v) = v {
+                if v == 0 || v > max {
+                    errors.push(format!("{name}: {v} is not in 1..={max}"));
+                }
+            }
+        }
+        if let Some(dir) = &self.detect.rules_dir {
+            if !dir.is_dir() {
+                errors.push(format!("detect.rules-dir: {} is not a folder", dir.display()));
+            }
+        }
+        if let Err(errs) = crate::detect::canary::Canaries::new(&self.detect.canary) {
+            errors.extend(errs.into_iter().map(|e| format!("detect.{e}")));
         }
         for (i, route) in self.routes.iter().enumerate() {
             if !route.path.starts_with('/') {

@@ -37,6 +37,12 @@ impl HashKey {
         *h.finalize().as_bytes()
     }
 
+    /// A sub-key for another keyed function (SipHash for shingles), derived
+    /// so that it reveals nothing of this key.
+    pub fn derive_key(&self, purpose: &str) -> [u8; 32] {
+        self.hash("derive", purpose.as_bytes())
+    }
+
     /// The first 8 bytes of [`HashKey::hash`] as 16 hex characters: short
     /// enough to read in an incident, long enough not to collide in practice.
     pub fn short_hex(&self, domain: &str, data: &[u8]) -> String {

@@ -20,6 +20,8 @@ use crate::error::StartError;
 use crate::hash::HashKey;
 use crate::metrics::Metrics;
 use crate::observe::Exchange;
+use crate::protocol::Endpoint;
+use crate::tenant::Tenant;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Incident {
@@ -36,7 +38,9 @@ pub struct Incident {
     pub severity: Severity,
     pub score: f64,
     pub evidence: serde_json::Value,
-    /// What residue did: `monitor` (the response went out untouched).
+    /// What residue did: `monitor` (the response went out untouched),
+    /// `block` (the client got an error instead), `redact` (the matched
+    /// spans were masked).
     pub action: &'static str,
     pub status: u16,
 }
@@ -56,27 +60,43 @@ pub struct IncidentSink {
 impl IncidentSink {
     /// Turns a finding into an incident and hands it on: to the log, the
     /// metrics, live subscribers and the writer.
-    pub fn report(&self, exchange: &Exchange, finding: Finding) {
+    /// `action` is what residue did about it: `monitor`, `block`, `redact`.
+    pub fn report(&self, exchange: &Exchange, finding: Finding, action: &'static str) -> Arc<Incident> {
+        self.report_for(&exchange.request_id, &exchange.tenant, exchange.endpoint, exchange.status, finding, action)
+    }
+
+    /// [`IncidentSink::report`] without a whole exchange (a stream cut while
+    /// it flowed).
+    pub fn report_for(
+        &self,
+        request_id: &str,
+        tenant: &Tenant,
+        endpoint: Endpoint,
+        status: u16,
+        finding: Finding,
+        action: &'static str,
+    ) -> Arc<Incident> {
+        let tenant_source = tenant.source.as_str();
         let tenant = if self.raw_tenant {
-            exchange.tenant.id.to_string()
+            tenant.id.to_string()
         } else {
-            self.key.short_hex("tenant", exchange.tenant.id.as_bytes())
+            self.key.short_hex("tenant", tenant.id.as_bytes())
         };
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let incident = Arc::new(Incident {
             time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             id: format!("inc-{}-{n}", self.prefix),
-            request_id: exchange.request_id.to_string(),
+            request_id: request_id.to_string(),
             tenant,
-            tenant_source: exchange.tenant.source.as_str(),
-            family: exchange.endpoint.family().as_str(),
-            endpoint: exchange.endpoint.as_str(),
+            tenant_source,
+            family: endpoint.family().as_str(),
+            endpoint: endpoint.as_str(),
             detector: finding.detector,
             severity: finding.severity,
             score: finding.score,
             evidence: finding.evidence,
-            action: "monitor",
-            status: exchange.status,
+            action,
+            status,
         });
         self.metrics
             .incidents
@@ -92,7 +112,7 @@ impl IncidentSink {
         );
         let _ = self.live.send(incident.clone());
         if let Some(tx) = &self.tx {
-            match tx.try_send(incident) {
+            match tx.try_send(incident.clone()) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(_)) => self
                     .metrics
@@ -106,6 +126,7 @@ impl IncidentSink {
                     .inc(),
             }
         }
+        incident
     }
 
     /// Every incident from now on, as it is reported (for tests, tools and

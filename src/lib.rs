@@ -9,6 +9,7 @@ pub mod body;
 pub mod config;
 pub mod detect;
 pub mod encoding;
+pub mod enforce;
 pub mod error;
 pub mod hash;
 pub mod incident;

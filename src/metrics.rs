@@ -45,6 +45,21 @@ pub struct Metrics {
     /// How responses ended, by family and end (`complete`, `cancelled`, `error`).
     pub stream_end: IntCounterVec,
     pub build_info: IntGaugeVec,
+    /// PII values seen in answers, by kind and owner (`requester`,
+    /// `other_tenant`, `nobody`).
+    pub pii_seen: IntCounterVec,
+    /// Fingerprint store failures, by operation.
+    pub store_errors: IntCounterVec,
+    /// The fingerprint store: records, distinct hashes, approximate bytes,
+    /// evictions and hashes looked up (refreshed at each scrape).
+    pub store_entries: IntGauge,
+    pub store_hashes: IntGauge,
+    pub store_bytes: IntGauge,
+    pub store_evictions: IntGauge,
+    pub store_lookups: IntGauge,
+    /// Answers under block or redact, by action and outcome (`pass`,
+    /// `blocked`, `redacted`, `guarded_stream`, `fail_open`, `fail_closed`).
+    pub enforced: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -128,6 +143,14 @@ impl Metrics {
             rejected: counter(r, "residue_rejected_total", "Requests refused before forwarding, by reason.", &["reason"]),
             stream_end: counter(r, "residue_response_end_total", "How response bodies ended, by family and end.", &["family", "end"]),
             build_info,
+            pii_seen: counter(r, "residue_pii_seen_total", "PII values and secrets seen in answers, by kind and by whose they are.", &["kind", "owner"]),
+            store_errors: counter(r, "residue_store_errors_total", "Fingerprint store failures, by operation.", &["op"]),
+            store_entries: gauge(r, "residue_store_entries", "Records held by the fingerprint store."),
+            store_hashes: gauge(r, "residue_store_hashes", "Distinct hashes held by the fingerprint store."),
+            store_bytes: gauge(r, "residue_store_bytes", "Approximate bytes held by the fingerprint store."),
+            store_evictions: gauge(r, "residue_store_evictions", "Records the fingerprint store evicted since start (window or memory cap)."),
+            store_lookups: gauge(r, "residue_store_lookups", "Hashes looked up in the fingerprint store since start."),
+            enforced: counter(r, "residue_enforced_total", "Answers under block or redact, by action and outcome.", &["action", "outcome"]),
             registry,
         }
     }

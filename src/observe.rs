@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::body::StreamEnd;
-use crate::detect::{Detector, ScanInput};
+use crate::detect::{Detector, Finding, ScanInput};
 use crate::encoding::ContentDecoder;
 use crate::incident::IncidentSink;
 use crate::metrics::Metrics;
@@ -63,6 +63,9 @@ pub struct Exchange {
     pub capture_truncated: bool,
     pub timings: Timings,
     pub end: StreamEnd,
+    /// The cross-tenant detectors already ran while the answer streamed
+    /// (block mode); they skip it here.
+    pub inline_scanned: bool,
 }
 
 impl Exchange {
@@ -78,7 +81,9 @@ impl Exchange {
 /// The handle the forwarding path holds.
 #[derive(Clone)]
 pub struct Observer {
-    tx: mpsc::Sender<(Exchange, usize)>,
+    tx: mpsc::Sender<(Job, usize)>,
+    /// Whether prompts are recorded at request time (cross-tenant detection on).
+    record_prompts: bool,
     metrics: Metrics,
     budget: Arc<ByteBudget>,
 }
@@ -103,11 +108,41 @@ impl ByteBudget {
     }
 }
 
+/// Work for the scanner threads, in arrival order.
+pub enum Job {
+    /// A prompt to record as its tenant's content, sent when the request
+    /// arrives: a leak into an answer that ends before this request's does
+    /// is then still caught.
+    Prompt { tenant: Tenant, prompt: Arc<Prompt> },
+    /// A finished exchange to scan.
+    Exchange(Box<Exchange>),
+}
+
 impl Observer {
+    /// Queues a prompt for recording (when cross-tenant detection is on).
+    /// Never waits.
+    pub fn record_prompt(&self, tenant: &Tenant, prompt: &Arc<Prompt>) {
+        if !self.record_prompts {
+            return;
+        }
+        let bytes: usize = prompt.parts.iter().map(|p| p.len()).sum();
+        self.send(
+            Job::Prompt {
+                tenant: tenant.clone(),
+                prompt: prompt.clone(),
+            },
+            bytes,
+        );
+    }
+
     /// Queues an exchange for scanning. Never waits: a full queue, or one
     /// holding `observe.max-queue-bytes` already, drops it and counts it.
     pub fn submit(&self, exchange: Exchange) {
         let bytes = exchange.held_bytes();
+        self.send(Job::Exchange(Box::new(exchange)), bytes);
+    }
+
+    fn send(&self, job: Job, bytes: usize) {
         if !self.budget.try_take(bytes) {
             self.metrics
                 .scan_dropped
@@ -118,7 +153,7 @@ impl Observer {
         // Counted before sending, so that a fast scanner's decrement can never
         // come first and take the gauge below zero.
         self.metrics.scan_queue_depth.inc();
-        let reason = match self.tx.try_send((exchange, bytes)) {
+        let reason = match self.tx.try_send((job, bytes)) {
             Ok(()) => return,
             Err(mpsc::error::TrySendError::Full(_)) => "queue_full",
             Err(mpsc::error::TrySendError::Closed(_)) => "closed",
@@ -135,6 +170,8 @@ pub struct Scanners {
     pub incidents: IncidentSink,
     pub metrics: Metrics,
     pub max_response_bytes: usize,
+    /// Records prompts (`Job::Prompt`); also among `detectors`.
+    pub cross_tenant: Option<Arc<crate::detect::cross_tenant::CrossTenant>>,
 }
 
 /// Starts `workers` scanner threads. They exit once every [`Observer`] clone
@@ -144,9 +181,10 @@ pub fn start(
     queue: usize,
     max_bytes: usize,
     workers: usize,
-    scanners: Scanners,
+    scanners: Arc<Scanners>,
 ) -> (Observer, Vec<JoinHandle<()>>) {
-    let (tx, rx) = mpsc::channel::<(Exchange, usize)>(queue);
+    let (tx, rx) = mpsc::channel::<(Job, usize)>(queue);
+    let record_prompts = scanners.cross_tenant.is_some();
     let budget = Arc::new(ByteBudget {
         held: AtomicUsize::new(0),
         max: max_bytes,
@@ -155,7 +193,6 @@ pub fn start(
     // worker waits in `blocking_recv` while holding it, the others wait for the
     // lock; nothing async happens while it is held.
     let rx = Arc::new(Mutex::new(rx));
-    let scanners = Arc::new(scanners);
     let handles = (0..workers)
         .map(|i| {
             let rx = rx.clone();
@@ -171,14 +208,19 @@ pub fn start(
                         };
                         rx.blocking_recv()
                     };
-                    let Some((exchange, bytes)) = next else { break };
+                    let Some((job, bytes)) = next else { break };
                     scanners.metrics.scan_queue_depth.dec();
                     // A bug in one detector must not end scanning for good:
                     // count it and go on with the next exchange.
-                    let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        scanners.scan(&exchange)
+                    let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &job {
+                        Job::Exchange(exchange) => scanners.scan(exchange),
+                        Job::Prompt { tenant, prompt } => {
+                            if let Some(cross) = &scanners.cross_tenant {
+                                cross.record_prompt(tenant, prompt);
+                            }
+                        }
                     }));
-                    drop(exchange);
+                    drop(job);
                     budget.give_back(bytes);
                     if scanned.is_err() {
                         scanners
@@ -198,6 +240,7 @@ pub fn start(
     (
         Observer {
             tx,
+            record_prompts,
             metrics,
             budget,
         },
@@ -268,6 +311,16 @@ fn encoding_problem(e: &crate::encoding::EncodingError) -> &'static str {
 impl Scanners {
     /// Scans one exchange: decode, count, run every detector, emit incidents.
     pub fn scan(&self, exchange: &Exchange) {
+        let (_, findings) = self.findings(exchange);
+        for finding in findings {
+            self.incidents.report(exchange, finding, "monitor");
+        }
+    }
+
+    /// Decodes an exchange and runs every detector over it; reports nothing.
+    /// Blocking and redacting call this on the request path (off the async
+    /// workers) and decide before anything is sent.
+    pub fn findings(&self, exchange: &Exchange) -> (Output, Vec<Finding>) {
         let family = exchange.endpoint.family().as_str();
         let (output, problem) = decode_output(exchange, self.max_response_bytes);
         if let Some(reason) = problem {
@@ -301,11 +354,11 @@ impl Scanners {
             prompt_tokens,
             counter: exchange.counter.name(),
         };
+        let mut findings = Vec::new();
         for detector in &self.detectors {
-            for finding in detector.inspect(&input) {
-                self.incidents.report(exchange, finding);
-            }
+            findings.extend(detector.inspect(&input));
         }
         self.metrics.scanned.with_label_values(&[family]).inc();
+        (output, findings)
     }
 }

@@ -25,11 +25,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use crate::body::{BoxError, StreamEnd, StreamHook, TapBody};
-use crate::config::{Config, RouteConfig};
+use crate::config::{Action, ActionConfig, Config, RouteConfig};
+use crate::detect::cross_tenant::CrossTenant;
+use crate::detect::Finding;
+use crate::enforce::{redact_json, verdict, GuardBody, OnBlock, ScanFn, Verdict};
+use crate::incident::IncidentSink;
+use crate::observe::Scanners;
 use crate::error::{ErrorSource, Rejection, StartError};
 use crate::metrics::Metrics;
 use crate::observe::{Exchange, Observer, Timings};
-use crate::protocol::{self, Endpoint, Family, ParsedRequest, Prompt, Route, Usage};
+use crate::protocol::{self, BodyFormat, Endpoint, Family, ParsedRequest, Prompt, Route, Usage};
 use crate::tenant::{Tenant, TenantResolver};
 use crate::tokens::TokenCounter;
 use crate::upstream::{RequestBody, Upstream};
@@ -54,6 +59,13 @@ pub struct Proxy {
     body_read_timeout: Duration,
     /// KiB of request bodies held at once (`server.max-buffered-bytes`).
     buffered: Arc<Semaphore>,
+    actions: ActionConfig,
+    hold_back_chars: usize,
+    /// Answers being scanned on the request path (`action.max-concurrent-scans`).
+    inline_scans: Arc<Semaphore>,
+    scanners: Arc<Scanners>,
+    cross_tenant: Option<Arc<CrossTenant>>,
+    incidents: IncidentSink,
 }
 
 /// What the request phases learned, carried to the response phases.
@@ -68,6 +80,8 @@ struct RequestCtx {
     /// The request body's charge against `server.max-buffered-bytes`, held
     /// until the exchange ends.
     body_permit: Option<OwnedSemaphorePermit>,
+    /// What to do with an answer that has findings.
+    action: Action,
 }
 
 struct ScanCtx {
@@ -83,6 +97,7 @@ impl Proxy {
         config: &Config,
         tenants: TenantResolver,
         observer: Observer,
+        scanners: Arc<Scanners>,
         metrics: Metrics,
     ) -> Result<Self, StartError> {
         let mut routes = Vec::new();
@@ -106,6 +121,12 @@ impl Proxy {
             max_response_bytes: config.observe.max_response_bytes,
             idle_timeout: config.upstream.idle_timeout,
             body_read_timeout: config.server.body_read_timeout,
+            actions: config.action.clone(),
+            hold_back_chars: config.action.hold_back_chars,
+            inline_scans: Arc::new(Semaphore::new(config.action.max_concurrent_scans)),
+            cross_tenant: scanners.cross_tenant.clone(),
+            incidents: scanners.incidents.clone(),
+            scanners,
             buffered: Arc::new(Semaphore::new(
                 (config.server.max_buffered_bytes / 1024).clamp(1, Semaphore::MAX_PERMITS),
             )),
@@ -144,6 +165,7 @@ impl Proxy {
             scan: None,
             body_read: Duration::ZERO,
             body_permit: None,
+            action: Action::Monitor,
         };
         let result = self.proxy(req, route, &mut ctx, in_flight).await;
         let family_label = ctx.family.map(|f| f.as_str()).unwrap_or("unknown");
@@ -201,7 +223,12 @@ impl Proxy {
                         Ok(parsed) => {
                             ctx.family = Some(parsed.endpoint.family());
                             let rule = self.rule_for(parts.uri.path(), parsed.endpoint);
-                            ctx.scan = Some(self.guard(parsed, rule).await?);
+                            ctx.action = self.action_for(&ctx.tenant, rule);
+                            let scan = self.guard(parsed, rule).await?;
+                            // Recorded now, before the answer: the engine holds
+                            // this prompt from here on.
+                            self.observer.record_prompt(&ctx.tenant, &scan.prompt);
+                            ctx.scan = Some(scan);
                         }
                         Err(e) => {
                             let reason = match e {
@@ -242,6 +269,11 @@ impl Proxy {
         }
         headers.remove(header::HOST);
         set_request_id(&mut headers, &ctx.request_id);
+        if ctx.action != Action::Monitor && ctx.scan.is_some() {
+            // Blocking and redacting read the answer before the client does:
+            // ask for it unencoded.
+            headers.remove(header::ACCEPT_ENCODING);
+        }
         *upstream_req.headers_mut() = headers;
 
         // Phase 5: send.
@@ -289,8 +321,22 @@ impl Proxy {
                 forwarded,
                 response_head,
                 observer: self.observer.clone(),
+                inline_scanned: false,
             }
         });
+        let enforce = ctx.action != Action::Monitor && status.is_success();
+        if let (true, Some(pending)) = (enforce, scan.as_ref()) {
+            let format = BodyFormat::detect(pending.content_type.as_deref(), pending.endpoint, pending.stream_requested);
+            let encoded = pending
+                .content_encoding
+                .as_deref()
+                .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"));
+            if format == BodyFormat::Json || encoded {
+                let pending = scan.expect("checked above. This is a bug.");
+                let _keep = (in_flight, ctx.body_permit.take());
+                return self.enforce_whole(ctx, parts, body, pending, family_label).await;
+            }
+        }
         let hook = Box::new(ResponseHook {
             metrics: self.metrics.clone(),
             family: family_label,
@@ -308,7 +354,27 @@ impl Proxy {
             _in_flight: in_flight,
             _body_permit: ctx.body_permit.take(),
         });
-        let body = TapBody::new(body, hook, Some(self.idle_timeout)).boxed_unsync();
+        let guard = match (&hook.scan, enforce) {
+            (Some(pending), true) => Some((pending.endpoint, BodyFormat::detect(pending.content_type.as_deref(), pending.endpoint, pending.stream_requested))),
+            _ => None,
+        };
+        let mut hook = hook;
+        if guard.is_some() {
+            if let Some(p) = hook.scan.as_mut() {
+                p.inline_scanned = true;
+            }
+        }
+        let tapped = TapBody::new(body, hook, Some(self.idle_timeout));
+        let body = match (guard, &self.cross_tenant) {
+            (Some((endpoint, format)), Some(cross)) => {
+                self.metrics.enforced.with_label_values(&[ctx.action.as_str(), "guarded_stream"]).inc();
+                let (cross, tenant) = (cross.clone(), ctx.tenant.clone());
+                let scan: ScanFn = Arc::new(move |text: String, last: bool| cross.scan(&tenant, &text, last));
+                let on_block = self.on_block(ctx, endpoint, status.as_u16());
+                GuardBody::new(tapped, endpoint, format, self.max_response_bytes, self.hold_back_chars, scan, on_block).boxed_unsync()
+            }
+            _ => tapped.boxed_unsync(),
+        };
         // The client's upload time is not residue's: leave it out.
         let added = forwarded
             .duration_since(ctx.received)
@@ -319,6 +385,178 @@ impl Proxy {
             .with_label_values(&[family_label])
             .observe(added.as_secs_f64());
         Ok(Response::from_parts(parts, body))
+    }
+
+    /// The action for a tenant on a route: the tenant's, else the route's,
+    /// else the default.
+    fn action_for(&self, tenant: &Tenant, rule: Option<&RouteRule>) -> Action {
+        if let Some(t) = self.actions.tenants.iter().find(|t| *t.tenant == *tenant.id) {
+            return t.action;
+        }
+        rule.and_then(|r| r.config.action).unwrap_or(self.actions.default)
+    }
+
+    /// Reports the findings of a stream that was cut.
+    fn on_block(&self, ctx: &RequestCtx, endpoint: Endpoint, status: u16) -> OnBlock {
+        let incidents = self.incidents.clone();
+        let metrics = self.metrics.clone();
+        let probe = IncidentContext {
+            request_id: ctx.request_id.clone(),
+            tenant: ctx.tenant.clone(),
+            endpoint,
+            status,
+        };
+        Box::new(move |findings| {
+            metrics.enforced.with_label_values(&["block", "blocked"]).inc();
+            for f in findings {
+                incidents.report_for(&probe.request_id, &probe.tenant, probe.endpoint, probe.status, f, "block");
+            }
+        })
+    }
+
+    /// Block or redact a non-streaming answer: hold it whole, scan it off the
+    /// async workers, then pass, replace or mask it.
+    async fn enforce_whole(
+        &self,
+        ctx: &RequestCtx,
+        parts: http::response::Parts,
+        body: Incoming,
+        pending: PendingExchange,
+        family_label: &'static str,
+    ) -> Result<Response<ResponseBody>, Rejection> {
+        let action = ctx.action;
+        let fail = |reason: &'static str| -> Result<(), Rejection> {
+            if self.actions.fail_closed {
+                self.metrics.enforced.with_label_values(&[action.as_str(), "fail_closed"]).inc();
+                Err(Rejection::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "scan_unavailable",
+                    ErrorSource::Internal,
+                    format!("the answer could not be checked ({reason}) and action.fail-closed is set"),
+                ))
+            } else {
+                self.metrics.enforced.with_label_values(&[action.as_str(), "fail_open"]).inc();
+                Ok(())
+            }
+        };
+        // Read the whole answer, within the idle timeout and the scan cap.
+        let mut chunks = Vec::new();
+        let mut total = 0usize;
+        let mut body = body;
+        let mut too_large = false;
+        loop {
+            match tokio::time::timeout(self.idle_timeout, body.frame()).await {
+                Err(_) => {
+                    return Err(Rejection::new(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream_timeout",
+                        ErrorSource::Upstream,
+                        format!("the upstream's answer stalled for {:?}", self.idle_timeout),
+                    ))
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    return Err(Rejection::new(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_error",
+                        ErrorSource::Upstream,
+                        format!("the upstream's answer broke off: {e}"),
+                    ))
+                }
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        total += data.len();
+                        too_large |= total > self.max_response_bytes;
+                        chunks.push(data);
+                    }
+                }
+            }
+        }
+        let bytes: Bytes = if chunks.len() == 1 {
+            chunks.pop().unwrap_or_default()
+        } else {
+            Bytes::from(chunks.iter().flat_map(|c| c.iter().copied()).collect::<Vec<u8>>())
+        };
+        self.metrics.bytes.with_label_values(&["response"]).inc_by(total as u64);
+        let ended = Instant::now();
+        let encoded = pending
+            .content_encoding
+            .as_deref()
+            .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"));
+        let exchange = pending.into_exchange(vec![bytes.clone()], total as u64, too_large, StreamEnd::Complete, ended);
+        let respond = |parts: http::response::Parts, bytes: Bytes| {
+            let mut parts = parts;
+            parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+            Response::from_parts(parts, Full::new(bytes).map_err(|never| match never {}).boxed_unsync())
+        };
+        let permit = self.inline_scans.clone().try_acquire_owned().ok();
+        let problem = if too_large {
+            Some("too large to hold")
+        } else if encoded {
+            Some("content-encoded")
+        } else if permit.is_none() {
+            Some("too many scans at once")
+        } else {
+            None
+        };
+        if let Some(reason) = problem {
+            fail(reason)?;
+            // Fail open: pass it, and still scan it off the path.
+            self.observer.submit(exchange);
+            return Ok(respond(parts, bytes));
+        }
+        let scanners = self.scanners.clone();
+        let scanned = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let (output, findings) = scanners.findings(&exchange);
+            (exchange, output, findings)
+        })
+        .await;
+        let Ok((exchange, output, findings)) = scanned else {
+            fail("the scanner failed")?;
+            return Ok(respond(parts, bytes));
+        };
+        let _ = family_label;
+        match verdict(action, &findings) {
+            Verdict::Pass => {
+                self.metrics.enforced.with_label_values(&[action.as_str(), "pass"]).inc();
+                Ok(respond(parts, bytes))
+            }
+            Verdict::Redact(spans) => match redact_json(&bytes, &output.text, &spans) {
+                Some(masked) => {
+                    self.metrics.enforced.with_label_values(&[action.as_str(), "redacted"]).inc();
+                    for f in findings {
+                        self.incidents.report(&exchange, f, "redact");
+                    }
+                    Ok(respond(parts, Bytes::from(masked)))
+                }
+                None => Err(self.block(&exchange, findings)),
+            },
+            Verdict::Block => Err(self.block(&exchange, findings)),
+        }
+    }
+
+    /// Reports findings as blocked and builds the error the client gets.
+    fn block(&self, exchange: &Exchange, findings: Vec<Finding>) -> Rejection {
+        self.metrics.enforced.with_label_values(&["block", "blocked"]).inc();
+        let mut ids = Vec::new();
+        let mut detectors: Vec<&'static str> = Vec::new();
+        for f in findings {
+            if !detectors.contains(&f.detector) {
+                detectors.push(f.detector);
+            }
+            ids.push(self.incidents.report(exchange, f, "block").id.clone());
+        }
+        Rejection::new(
+            StatusCode::BAD_GATEWAY,
+            "answer_blocked",
+            ErrorSource::Upstream,
+            format!(
+                "the upstream's answer was withheld: {} (incident {})",
+                detectors.join(", "),
+                ids.join(", ")
+            ),
+        )
     }
 
     /// The `[[route]]` rule for a request: its path as sent, without a
@@ -519,6 +757,44 @@ struct PendingExchange {
     forwarded: Instant,
     response_head: Instant,
     observer: Observer,
+    inline_scanned: bool,
+}
+
+impl PendingExchange {
+    fn into_exchange(self, body: Vec<Bytes>, body_bytes: u64, truncated: bool, end: StreamEnd, ended: Instant) -> Exchange {
+        Exchange {
+            request_id: self.request_id,
+            tenant: self.tenant,
+            endpoint: self.endpoint,
+            prompt: self.prompt,
+            prompt_tokens: self.prompt_tokens,
+            counter: self.counter,
+            stream_requested: self.stream_requested,
+            status: self.status,
+            content_type: self.content_type,
+            content_encoding: self.content_encoding,
+            header_usage: self.header_usage,
+            body,
+            body_bytes,
+            capture_truncated: truncated,
+            timings: Timings {
+                received: self.received,
+                forwarded: self.forwarded,
+                response_head: self.response_head,
+                ended,
+            },
+            end,
+            inline_scanned: self.inline_scanned,
+        }
+    }
+}
+
+/// What an incident reported from the forwarding path needs to know.
+struct IncidentContext {
+    request_id: Arc<str>,
+    tenant: Tenant,
+    endpoint: Endpoint,
+    status: u16,
 }
 
 /// Watches a response body: counts it, captures it (on scanned routes, up to
@@ -566,29 +842,8 @@ impl StreamHook for ResponseHook {
             .with_label_values(&[this.family, end.as_str()])
             .inc();
         if let Some(p) = this.scan {
-            p.observer.submit(Exchange {
-                request_id: p.request_id,
-                tenant: p.tenant,
-                endpoint: p.endpoint,
-                prompt: p.prompt,
-                prompt_tokens: p.prompt_tokens,
-                counter: p.counter,
-                stream_requested: p.stream_requested,
-                status: p.status,
-                content_type: p.content_type,
-                content_encoding: p.content_encoding,
-                header_usage: p.header_usage,
-                body: this.capture,
-                body_bytes: this.total,
-                capture_truncated: this.truncated,
-                timings: Timings {
-                    received: p.received,
-                    forwarded: p.forwarded,
-                    response_head: p.response_head,
-                    ended,
-                },
-                end,
-            });
+            let observer = p.observer.clone();
+            observer.submit(p.into_exchange(this.capture, this.total, this.truncated, end, ended));
         }
     }
 }

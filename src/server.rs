@@ -23,7 +23,13 @@ use tokio::sync::oneshot;
 
 use crate::config::Config;
 use crate::detect::accounting::PromptAccounting;
+use crate::detect::canary::Canaries;
+use crate::detect::cross_tenant::{CrossTenant, Settings};
 use crate::detect::Detector;
+use crate::fingerprint::{FingerprintParams, Fingerprinter};
+use crate::rules::RuleSet;
+use crate::store::memory::MemoryStore;
+use crate::store::FingerprintStore;
 use crate::error::StartError;
 use crate::hash::HashKey;
 use crate::incident::IncidentSink;
@@ -31,6 +37,47 @@ use crate::metrics::Metrics;
 use crate::observe::{self, Scanners};
 use crate::proxy::Proxy;
 use crate::tenant::TenantResolver;
+
+/// Builds the cross-tenant detectors, if any is on.
+fn cross_tenant(config: &Config, key: &HashKey, metrics: &Metrics) -> Result<Option<Arc<CrossTenant>>, StartError> {
+    let detect = &config.detect;
+    if !detect.ngram && !detect.pii && detect.canary.is_empty() {
+        return Ok(None);
+    }
+    let defaults = FingerprintParams::default();
+    let f = &config.fingerprint;
+    let params = FingerprintParams {
+        word_k: f.word_k.unwrap_or(defaults.word_k),
+        word_w: f.word_w.unwrap_or(defaults.word_w),
+        cjk_k: f.cjk_k.unwrap_or(defaults.cjk_k),
+        cjk_w: f.cjk_w.unwrap_or(defaults.cjk_w),
+    };
+    let rules = match &detect.rules_dir {
+        Some(dir) => RuleSet::load_dir(dir).map_err(|e| crate::config::ConfigError {
+            errors: e.errors.into_iter().map(|e| format!("detect.rules-dir: {e}")).collect(),
+        })?,
+        None => RuleSet::builtin(),
+    };
+    let canaries = Canaries::new(&detect.canary).map_err(|errors| crate::config::ConfigError { errors })?;
+    let store: Arc<dyn FingerprintStore> = Arc::new(MemoryStore::new(f.window, f.max_bytes));
+    Ok(Some(Arc::new(CrossTenant::new(
+        Fingerprinter::new(key.derive_key("fingerprint"), params),
+        Arc::new(rules),
+        canaries,
+        store,
+        tokio::runtime::Handle::current(),
+        key.clone(),
+        Settings {
+            ngram: detect.ngram,
+            pii: detect.pii,
+            common_tenants: f.common_tenants,
+            record_answers: f.record_answers,
+            evidence: detect.evidence,
+            raw_tenant: config.incidents.raw_tenant,
+        },
+        metrics.clone(),
+    ))))
+}
 
 /// A bound, not yet running residue.
 pub struct Residue {
@@ -74,27 +121,33 @@ impl Residue {
             config.incidents.path.as_deref(),
             config.incidents.queue,
             config.incidents.raw_tenant,
-            key,
+            key.clone(),
             metrics.clone(),
         )?;
         let mut detectors: Vec<Box<dyn Detector>> = Vec::new();
         if config.accounting.enabled {
             detectors.push(Box::new(PromptAccounting::new(&config.accounting)));
         }
+        let cross_tenant = cross_tenant(&config, &key, &metrics)?;
+        if let Some(cross) = &cross_tenant {
+            detectors.push(Box::new(cross.clone()));
+        }
         detectors.extend(extra);
-        let (observer, mut threads) = observe::start(
-            config.observe.queue,
-            config.observe.max_queue_bytes,
-            config.observe.workers,
-            Scanners {
+        let scanners = Arc::new(Scanners {
                 detectors,
                 incidents: incidents.clone(),
                 metrics: metrics.clone(),
                 max_response_bytes: config.observe.max_response_bytes,
-            },
+                cross_tenant: cross_tenant.clone(),
+        });
+        let (observer, mut threads) = observe::start(
+            config.observe.queue,
+            config.observe.max_queue_bytes,
+            config.observe.workers,
+            scanners.clone(),
         );
         threads.extend(writer);
-        let proxy = Arc::new(Proxy::new(&config, tenants, observer, metrics.clone())?);
+        let proxy = Arc::new(Proxy::new(&config, tenants, observer, scanners, metrics.clone())?);
         let listener = TcpListener::bind(config.server.listen)
             .await
             .map_err(|source| StartError::Bind {

@@ -76,6 +76,7 @@ impl Detector for PromptAccounting {
                         // Upstream-controlled: keep it short.
                         "finish_reason": usage.finish_reason.as_deref().map(|r| clip(r, 64)),
                     }),
+                    spans: Vec::new(),
                 });
             }
         }
@@ -90,6 +91,7 @@ impl Detector for PromptAccounting {
                         "reported_prompt_tokens": reported,
                         "cached_tokens": cached,
                     }),
+                    spans: Vec::new(),
                 });
             }
         }

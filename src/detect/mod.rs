@@ -3,6 +3,7 @@
 
 pub mod accounting;
 pub mod canary;
+pub mod cross_tenant;
 
 use serde::Serialize;
 
@@ -38,6 +39,9 @@ pub struct Finding {
     /// 0 (barely) to 1 (certainly).
     pub score: f64,
     pub evidence: serde_json::Value,
+    /// Byte ranges of the answer text the finding is about (for redaction);
+    /// empty when it is about the whole exchange.
+    pub spans: Vec<(usize, usize)>,
 }
 
 /// Everything a detector may look at for one exchange.
@@ -54,4 +58,14 @@ pub struct ScanInput<'a> {
 pub trait Detector: Send + Sync {
     fn name(&self) -> &'static str;
     fn inspect(&self, input: &ScanInput<'_>) -> Vec<Finding>;
+}
+
+impl<T: Detector> Detector for std::sync::Arc<T> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn inspect(&self, input: &ScanInput<'_>) -> Vec<Finding> {
+        (**self).inspect(input)
+    }
 }

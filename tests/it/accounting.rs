@@ -187,6 +187,7 @@ async fn max_prompt_tokens_guard_answers_413_in_the_family_shape() {
         path: "/v1/*".into(),
         tokenizer: None,
         max_prompt_tokens: Some(1_000),
+        ..Default::default()
     });
     let (residue, _) = support::start(config).await;
 
@@ -268,6 +269,7 @@ async fn a_routes_tokenizer_gives_exact_counts() {
         path: "/v1/chat/completions".into(),
         tokenizer: Some(path.clone()),
         max_prompt_tokens: None,
+        ..Default::default()
     });
     let (residue, recorder) = support::start(config).await;
     let mut live = residue.incidents.subscribe();

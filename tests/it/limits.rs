@@ -168,6 +168,7 @@ async fn route_rules_apply_to_every_spelling_of_a_route() {
         path: "/v1/chat/completions".into(),
         tokenizer: None,
         max_prompt_tokens: Some(100),
+        ..Default::default()
     });
     let (residue, _) = support::start(config).await;
     let long = serde_json::json!({"messages": [{"role": "user", "content": "word ".repeat(400)}]})

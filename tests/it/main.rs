@@ -2,6 +2,8 @@
 
 mod accounting;
 mod cli;
+mod cross_tenant;
+mod enforce;
 mod families;
 mod hostile;
 mod limits;

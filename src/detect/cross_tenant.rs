@@ -1,0 +1,416 @@
+//! The cross-tenant detectors: residue's reason to exist.
+//!
+//! Every tenant's prompt (at request time) and answer (after it was scanned
+//! clean) are reduced to keyed hashes — winnowed word/character shingles and
+//! the PII values found in them — and recorded in the fingerprint store.
+//! Every answer is then looked up whole: a shingle or PII value that another
+//! tenant produced, and the requester did not, is evidence of a leak.
+//!
+//! - `cross_tenant_ngram`: shingles of another tenant's content. Any shared
+//!   run of at least `w + k − 1` tokens is found (the winnowing guarantee);
+//!   shorter shared runs of at least `k` tokens may be. One finding per
+//!   source tenant, with the matched shingles, the longest matched run and
+//!   the share of the answer covered.
+//! - `cross_tenant_pii`: a PII value or secret another tenant sent or
+//!   received. The requester's own values are fine; values nobody recorded
+//!   are counted (`residue_pii_seen_total{owner="nobody"}`), not incidents.
+//! - `canary`: a configured canary or honeytoken the requester does not own.
+//!
+//! Content many tenants share (system prompts, templates, famous quotes) is
+//! not evidence: a hash produced by `common-tenants` or more tenants inside
+//! the window is discounted. Answers that carried a finding are not recorded,
+//! so a leak does not make the leaked text look like the victim's *and* the
+//! recipient's.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use serde::Deserialize;
+use serde_json::json;
+
+use super::canary::Canaries;
+use super::{Detector, Finding, ScanInput, Severity};
+use crate::fingerprint::{Fingerprinter, Shingle, Token, TokenClass};
+use crate::hash::HashKey;
+use crate::metrics::Metrics;
+use crate::protocol::Prompt;
+use crate::rules::{PiiMatch, RuleSet};
+use crate::store::{ContentKind, FingerprintStore, Lookup, Record, TenantKey};
+use crate::tenant::Tenant;
+
+pub const NGRAM: &str = "cross_tenant_ngram";
+pub const PII: &str = "cross_tenant_pii";
+pub const CANARY: &str = "canary";
+
+/// How much of the matched text an incident may show.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Evidence {
+    /// Offsets, lengths, rule ids and hashes only.
+    #[default]
+    Hashes,
+    /// Also a snippet of each match with all but its first and last two
+    /// characters masked.
+    MaskedSnippet,
+}
+
+/// Settings the detectors need, already validated.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub ngram: bool,
+    pub pii: bool,
+    pub common_tenants: u32,
+    pub record_answers: bool,
+    pub evidence: Evidence,
+    pub raw_tenant: bool,
+}
+
+pub struct CrossTenant {
+    fp: Fingerprinter,
+    rules: RwLock<Arc<RuleSet>>,
+    canaries: Canaries,
+    store: Arc<dyn FingerprintStore>,
+    runtime: tokio::runtime::Handle,
+    key: HashKey,
+    settings: Settings,
+    metrics: Metrics,
+    /// Raw tenant ids by key, only when incidents show raw tenants.
+    names: Mutex<HashMap<TenantKey, Arc<str>>>,
+}
+
+/// The keyed hash a tenant is known by in the store and in incidents: the
+/// first 8 bytes of `HashKey::hash("tenant", id)`, so its hex form equals
+/// the incident's `tenant` field.
+pub fn tenant_key(key: &HashKey, id: &str) -> TenantKey {
+    let h = key.hash("tenant", id.as_bytes());
+    u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
+}
+
+fn pii_hash(key: &HashKey, m: &PiiMatch) -> u64 {
+    let h = key.hash(m.kind.as_str(), m.canonical.as_bytes());
+    // The top bit marks PII hashes, keeping them apart from shingle hashes.
+    u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]) | (1 << 63)
+}
+
+/// A shingle hash, with the PII bit cleared.
+fn shingle_hash(s: &Shingle) -> u64 {
+    s.hash & !(1 << 63)
+}
+
+impl CrossTenant {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        fp: Fingerprinter,
+        rules: Arc<RuleSet>,
+        canaries: Canaries,
+        store: Arc<dyn FingerprintStore>,
+        runtime: tokio::runtime::Handle,
+        key: HashKey,
+        settings: Settings,
+        metrics: Metrics,
+    ) -> Self {
+        CrossTenant {
+            fp,
+            rules: RwLock::new(rules),
+            canaries,
+            store,
+            runtime,
+            key,
+            settings,
+            metrics,
+            names: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Swaps in reloaded rules; scans in progress finish with the old ones.
+    pub fn set_rules(&self, rules: Arc<RuleSet>) {
+        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = rules;
+    }
+
+    fn rules(&self) -> Arc<RuleSet> {
+        self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn key_of(&self, tenant: &Tenant) -> TenantKey {
+        let k = tenant_key(&self.key, &tenant.id);
+        if self.settings.raw_tenant {
+            let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+            if names.len() > 100_000 {
+                names.clear();
+            }
+            names.entry(k).or_insert_with(|| tenant.id.clone());
+        }
+        k
+    }
+
+    fn show_tenant(&self, k: TenantKey) -> String {
+        if self.settings.raw_tenant {
+            if let Some(name) = self.names.lock().unwrap_or_else(|p| p.into_inner()).get(&k) {
+                return name.to_string();
+            }
+        }
+        format!("{k:016x}")
+    }
+
+    /// The hashes one text is remembered by: winnowed shingles and PII.
+    pub fn content_hashes(&self, text: &str) -> Vec<u64> {
+        let mut tokens = Vec::new();
+        let mut shingles = Vec::new();
+        let mut kept = Vec::new();
+        self.fp.tokens(text, &mut tokens);
+        self.fp.shingles(&tokens, &mut shingles);
+        self.fp.winnow(&shingles, &mut kept);
+        let mut hashes: Vec<u64> = kept.iter().map(shingle_hash).collect();
+        let mut pii = Vec::new();
+        self.rules().find(text, &mut pii);
+        hashes.extend(pii.iter().map(|m| pii_hash(&self.key, m)));
+        hashes
+    }
+
+    /// Records a tenant's prompt. Called when the request arrives, so that a
+    /// leak into an answer that finishes first is still caught.
+    pub fn record_prompt(&self, tenant: &Tenant, prompt: &Prompt) {
+        let tenant = self.key_of(tenant);
+        let mut hashes = Vec::new();
+        for part in &prompt.parts {
+            hashes.extend(self.content_hashes(part));
+        }
+        self.record(tenant, ContentKind::Prompt, hashes);
+    }
+
+    fn publish_stats(&self) {
+        let st = self.store.stats();
+        let m = &self.metrics;
+        m.store_entries.set(st.entries as i64);
+        m.store_hashes.set(st.hashes as i64);
+        m.store_bytes.set(st.bytes as i64);
+        m.store_evictions.set(st.evictions as i64);
+        m.store_lookups.set(st.lookups as i64);
+    }
+
+    fn record(&self, tenant: TenantKey, kind: ContentKind, hashes: Vec<u64>) {
+        if hashes.is_empty() {
+            return;
+        }
+        let batch = vec![Record { tenant, kind, hashes }];
+        if let Err(e) = self.runtime.block_on(self.store.record(batch)) {
+            self.metrics.store_errors.with_label_values(&["record"]).inc();
+            tracing::warn!(error = %e, "Recording fingerprints failed.");
+        }
+        self.publish_stats();
+    }
+
+    /// Scans one answer (or the part of it streamed so far); with
+    /// `record_if_clean`, records it as the tenant's content when nothing was
+    /// found.
+    pub fn scan(&self, tenant: &Tenant, text: &str, record_if_clean: bool) -> Vec<Finding> {
+        let requester = self.key_of(tenant);
+        let mut findings = Vec::new();
+        if !self.canaries.is_empty() {
+            for hit in self.canaries.foreign_in(text, &tenant.id) {
+                let owner = self.canaries.owner(hit.index).map(|o| self.show_tenant(tenant_key(&self.key, o)));
+                findings.push(Finding {
+                    detector: CANARY,
+                    severity: Severity::Critical,
+                    score: 1.0,
+                    evidence: self.with_snippet(
+                        json!({"canary": hit.index, "owner": owner, "offsets": [[hit.start, hit.end]]}),
+                        text,
+                        &[(hit.start, hit.end)],
+                    ),
+                    spans: vec![(hit.start, hit.end)],
+                });
+            }
+        }
+
+        let mut tokens = Vec::new();
+        let mut shingles = Vec::new();
+        if self.settings.ngram {
+            self.fp.tokens(text, &mut tokens);
+            self.fp.shingles(&tokens, &mut shingles);
+        }
+        let mut pii = Vec::new();
+        if self.settings.pii {
+            self.rules().find(text, &mut pii);
+        }
+        let mut hashes: Vec<u64> = shingles.iter().map(shingle_hash).collect();
+        hashes.extend(pii.iter().map(|m| pii_hash(&self.key, m)));
+        if hashes.is_empty() {
+            return findings;
+        }
+        let lookup = [Lookup { requester, hashes }];
+        let result = match self.runtime.block_on(self.store.lookup(&lookup)) {
+            Ok(mut r) => r.pop().unwrap_or_default(),
+            Err(e) => {
+                self.metrics.store_errors.with_label_values(&["lookup"]).inc();
+                tracing::warn!(error = %e, "Fingerprint lookup failed; this answer was not checked for leaks.");
+                return findings;
+            }
+        };
+
+        // Shingle hits, per foreign tenant.
+        let mut by_tenant: HashMap<TenantKey, Vec<usize>> = HashMap::new();
+        let mut pii_owner: Vec<Option<Vec<TenantKey>>> = vec![None; pii.len()];
+        for (i, owners) in &result.hits {
+            let common = owners.tenants >= self.settings.common_tenants;
+            if *i < shingles.len() {
+                if owners.own || common {
+                    continue;
+                }
+                for t in &owners.foreign {
+                    by_tenant.entry(*t).or_default().push(*i);
+                }
+            } else {
+                let p = i - shingles.len();
+                if p < pii.len() {
+                    pii_owner[p] = Some(if owners.own { Vec::new() } else { owners.foreign.clone() });
+                }
+            }
+        }
+        let mut sources: Vec<_> = by_tenant.into_iter().collect();
+        sources.sort_by_key(|(t, _)| *t);
+        for (source, hits) in sources {
+            findings.push(self.ngram_finding(source, &hits, &shingles, &tokens, text));
+        }
+        for (m, owners) in pii.iter().zip(pii_owner) {
+            let owner = match &owners {
+                None => "nobody",
+                Some(o) if o.is_empty() => "requester",
+                Some(_) => "other_tenant",
+            };
+            self.metrics.pii_seen.with_label_values(&[m.kind.as_str(), owner]).inc();
+            if let Some(foreign) = owners.filter(|o| !o.is_empty()) {
+                let sources: Vec<String> = foreign.iter().map(|t| self.show_tenant(*t)).collect();
+                findings.push(Finding {
+                    detector: PII,
+                    severity: Severity::Critical,
+                    score: 1.0,
+                    evidence: self.with_snippet(
+                        json!({
+                            "rule": &*m.rule,
+                            "kind": m.kind.as_str(),
+                            "source_tenants": sources,
+                            "offsets": [[m.start, m.end]],
+                            "length": m.end - m.start,
+                        }),
+                        text,
+                        &[(m.start, m.end)],
+                    ),
+                    spans: vec![(m.start, m.end)],
+                });
+            }
+        }
+
+        if findings.is_empty() && record_if_clean && self.settings.record_answers {
+            let mut kept = Vec::new();
+            self.fp.winnow(&shingles, &mut kept);
+            let mut hashes: Vec<u64> = kept.iter().map(shingle_hash).collect();
+            hashes.extend(pii.iter().map(|m| pii_hash(&self.key, m)));
+            self.record(requester, ContentKind::Answer, hashes);
+        }
+        findings
+    }
+
+    /// Builds the finding for one source tenant from the indices of the
+    /// answer's shingles that tenant produced.
+    fn ngram_finding(&self, source: TenantKey, hits: &[usize], shingles: &[Shingle], tokens: &[Token], text: &str) -> Finding {
+        let params = self.fp.params();
+        // Merge matched shingles into runs of tokens: two matches whose
+        // shingles overlap or touch belong to one run.
+        let mut runs: Vec<(usize, usize, TokenClass)> = Vec::new(); // [first token, end token)
+        for &i in hits {
+            let s = &shingles[i];
+            let k = match s.class {
+                TokenClass::Word => params.word_k,
+                TokenClass::Cjk => params.cjk_k,
+            };
+            let first = s.first as usize;
+            let end = (first + k).min(tokens.len());
+            match runs.last_mut() {
+                Some(last) if first <= last.1 && last.2 == s.class => last.1 = last.1.max(end),
+                _ => runs.push((first, end, s.class)),
+            }
+        }
+        let covered: usize = runs.iter().map(|r| r.1 - r.0).sum();
+        let (longest, class) = runs
+            .iter()
+            .map(|r| (r.1 - r.0, r.2))
+            .max_by_key(|r| r.0)
+            .unwrap_or((0, TokenClass::Word));
+        let guaranteed = match class {
+            TokenClass::Word => params.word_k + params.word_w - 1,
+            TokenClass::Cjk => params.cjk_k + params.cjk_w - 1,
+        };
+        let coverage = if tokens.is_empty() { 0.0 } else { covered as f64 / tokens.len() as f64 };
+        let spans: Vec<(usize, usize)> = runs
+            .iter()
+            .filter(|r| r.0 < tokens.len() && r.1 >= 1)
+            .map(|r| (tokens[r.0].start, tokens[r.1 - 1].end))
+            .collect();
+        let severity = if longest >= guaranteed || coverage >= 0.5 {
+            Severity::Critical
+        } else {
+            Severity::High
+        };
+        Finding {
+            detector: NGRAM,
+            severity,
+            score: (longest as f64 / guaranteed as f64).min(1.0).max(coverage),
+            evidence: self.with_snippet(
+                json!({
+                    "source_tenant": self.show_tenant(source),
+                    "matched_shingles": hits.len(),
+                    "longest_run_tokens": longest,
+                    "token_class": match class { TokenClass::Word => "word", TokenClass::Cjk => "cjk" },
+                    "guaranteed_run_tokens": guaranteed,
+                    "coverage": (coverage * 1000.0).round() / 1000.0,
+                    "answer_tokens": tokens.len(),
+                    "offsets": spans,
+                }),
+                text,
+                &spans,
+            ),
+            spans,
+        }
+    }
+
+    fn with_snippet(&self, mut evidence: serde_json::Value, text: &str, spans: &[(usize, usize)]) -> serde_json::Value {
+        if self.settings.evidence == Evidence::MaskedSnippet {
+            let snippets: Vec<String> = spans.iter().filter_map(|(s, e)| text.get(*s..*e)).map(mask).collect();
+            evidence["masked_snippets"] = json!(snippets);
+        }
+        evidence
+    }
+}
+
+/// Keeps the first and last two characters of each word-ish run and masks
+/// the rest; at most 64 characters.
+pub fn mask(s: &str) -> String {
+    let chars: Vec<char> = s.chars().take(64).collect();
+    let n = chars.len();
+    chars
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if c.is_whitespace() || i < 2 || i + 2 >= n {
+                *c
+            } else {
+                '•'
+            }
+        })
+        .collect()
+}
+
+impl Detector for CrossTenant {
+    fn name(&self) -> &'static str {
+        "cross_tenant"
+    }
+
+    fn inspect(&self, input: &ScanInput<'_>) -> Vec<Finding> {
+        // A streamed answer guarded in block mode was scanned as it flowed.
+        if !(200..300).contains(&input.exchange.status) || input.exchange.inline_scanned {
+            return Vec::new();
+        }
+        self.scan(&input.exchange.tenant, &input.output.text, true)
+    }
+}

@@ -1,0 +1,233 @@
+//! Cross-tenant detection end to end: tenant A's content in tenant B's
+//! answer is an incident naming A; B's own content, content A and B share,
+//! and clean traffic are not.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use residue::incident::Incident;
+use std::sync::Arc;
+
+use crate::support::{self, call, FakeUpstream, Reply};
+
+/// The fake upstream answers with whatever follows `ANSWER:` in the last
+/// user message, so each test scripts its own leaks.
+fn scripted() -> impl Fn(&support::Received) -> Reply + Send + Sync + 'static {
+    |r| {
+        let req: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        let last = req["messages"].as_array().and_then(|m| m.last()).cloned().unwrap_or_default();
+        let text = last["content"].as_str().unwrap_or("").to_string();
+        let answer = text.split_once("ANSWER:").map(|(_, a)| a.trim().to_string()).unwrap_or_else(|| "Noted.".into());
+        if req["stream"].as_bool() == Some(true) {
+            // Split the answer into 3-character deltas: words, values and
+            // multi-byte characters all end up cut across events.
+            let chars: Vec<char> = answer.chars().collect();
+            let mut chunks: Vec<Bytes> = chars
+                .chunks(3)
+                .map(|c| {
+                    let delta: String = c.iter().collect();
+                    Bytes::from(format!("data: {}\n\n", serde_json::json!({"choices": [{"index": 0, "delta": {"content": delta}}]})))
+                })
+                .collect();
+            chunks.push(Bytes::from("data: [DONE]\n\n"));
+            Reply::stream("text/event-stream", chunks)
+        } else {
+            Reply::json(serde_json::json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}]}).to_string())
+        }
+    }
+}
+
+async fn setup() -> (FakeUpstream, residue::Running, support::Recorder) {
+    let upstream = FakeUpstream::start(scripted()).await;
+    let mut config = support::config(&upstream.url());
+    config.tenant.trust_header = true;
+    config.incidents.raw_tenant = true;
+    let (residue, recorder) = support::start(config).await;
+    (upstream, residue, recorder)
+}
+
+async fn ask(residue: &residue::Running, tenant: &str, system: Option<&str>, user: &str, stream: bool) -> Bytes {
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(serde_json::json!({"role": "system", "content": s}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": user}));
+    let body = serde_json::json!({"model": "m", "stream": stream, "messages": messages}).to_string();
+    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", tenant)], &body).await.2
+}
+
+/// Incidents reported until `n` exchanges were scanned.
+async fn incidents_after(recorder: &support::Recorder, live: &mut tokio::sync::broadcast::Receiver<Arc<Incident>>, n: usize) -> Vec<Arc<Incident>> {
+    recorder.wait_for(n).await;
+    let mut out = Vec::new();
+    while let Ok(i) = live.try_recv() {
+        out.push(i);
+    }
+    out
+}
+
+const A_SECRET: &str = "Our merger with Halvorsen Maritime closes on the ninth of March and the purchase price stays at four hundred million kroner until the board signs off.";
+
+#[tokio::test]
+async fn a_fifteen_word_fragment_of_another_tenants_prompt_is_caught_and_names_the_source() {
+    let (_up, residue, recorder) = setup().await;
+    let mut live = residue.incidents.subscribe();
+    ask(&residue, "tenant-a", None, &format!("Summarise this for me: {A_SECRET}"), false).await;
+    // 15 words of A's prompt, spliced into an otherwise fine answer for B.
+    let fragment = "with Halvorsen Maritime closes on the ninth of March and the purchase price stays at";
+    assert_eq!(fragment.split_whitespace().count(), 15);
+    let answer = format!("Sure, here is a cake recipe. Note: {fragment}. Preheat the oven to 180 degrees.");
+    let body = ask(&residue, "tenant-b", None, &format!("How do I bake a cake? ANSWER: {answer}"), false).await;
+    // Monitor mode: the answer goes out untouched.
+    assert!(String::from_utf8_lossy(&body).contains(fragment));
+    let incidents = incidents_after(&recorder, &mut live, 2).await;
+    let ngram: Vec<_> = incidents.iter().filter(|i| i.detector == "cross_tenant_ngram").collect();
+    assert_eq!(ngram.len(), 1, "{incidents:#?}");
+    let i = ngram[0];
+    assert_eq!(i.tenant, "tenant-b");
+    assert_eq!(i.evidence["source_tenant"], "tenant-a");
+    assert!(i.evidence["longest_run_tokens"].as_u64().unwrap() >= 6, "{}", i.evidence);
+    // Offsets point into the answer text at the fragment.
+    let [start, end] = [i.evidence["offsets"][0][0].as_u64().unwrap() as usize, i.evidence["offsets"][0][1].as_u64().unwrap() as usize];
+    assert!(answer[start..end].len() >= 20 && fragment.contains(&answer[start..end]), "{:?}", &answer[start..end]);
+    // No raw text in the incident.
+    let json = serde_json::to_string(&**i).unwrap();
+    assert!(!json.contains("Halvorsen") && !json.contains("Maritime"), "{json}");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn quoting_your_own_prompt_is_not_a_leak() {
+    let (_up, residue, recorder) = setup().await;
+    let mut live = residue.incidents.subscribe();
+    ask(&residue, "tenant-a", None, "Tell me about lighthouses.", false).await;
+    let quote = format!("As you wrote: {A_SECRET}");
+    ask(&residue, "tenant-b", None, &format!("{A_SECRET} ANSWER: {quote}"), false).await;
+    // And again later: B's own answer, recorded as B's content, is B's too.
+    ask(&residue, "tenant-b", None, &format!("Repeat that. ANSWER: {quote}"), false).await;
+    let incidents = incidents_after(&recorder, &mut live, 3).await;
+    assert!(incidents.is_empty(), "{incidents:#?}");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_system_prompt_two_tenants_share_is_not_a_leak() {
+    let (_up, residue, recorder) = setup().await;
+    let mut live = residue.incidents.subscribe();
+    let system = "You are Orbit, the support assistant of Northwind Logistics. Always answer politely, cite the shipping policy section, and never promise delivery dates you cannot check.";
+    ask(&residue, "tenant-a", Some(system), "Where is my parcel?", false).await;
+    let echo = format!("My instructions say: {system}");
+    ask(&residue, "tenant-b", Some(system), &format!("What are your instructions? ANSWER: {echo}"), false).await;
+    let incidents = incidents_after(&recorder, &mut live, 2).await;
+    assert!(incidents.is_empty(), "{incidents:#?}");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn boilerplate_many_tenants_share_is_discounted() {
+    let (_up, residue, recorder) = setup().await;
+    let mut live = residue.incidents.subscribe();
+    let template = "Please answer in the following format: first a one line summary, then three bullet points, then a closing sentence that invites follow up questions from the reader.";
+    for t in ["t1", "t2", "t3"] {
+        ask(&residue, t, None, &format!("{template} Topic: tea."), false).await;
+    }
+    // A fourth tenant's answer echoing the template is not evidence against any of them.
+    ask(&residue, "t4", None, &format!("Topic: coffee. ANSWER: OK. {template}"), false).await;
+    let incidents = incidents_after(&recorder, &mut live, 4).await;
+    assert!(incidents.is_empty(), "{incidents:#?}");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn chinese_fragments_are_caught_and_chinese_own_content_is_not() {
+    let (_up, residue, recorder) = setup().await;
+    let mut live = residue.incidents.subscribe();
+    let a_prompt = "请帮我审阅这份合同：甲方北京星河科技有限公司同意在二零二七年三月前向乙方支付全部研发费用共计八百万元人民币。";
+    ask(&residue, "tenant-a", None, a_prompt, false).await;
+    // 24 characters of A's prompt in B's answer.
+    let fragment = "甲方北京星河科技有限公司同意在二零二七年三月前向乙方支付";
+    assert!(fragment.chars().count() >= 20);
+    ask(&residue, "tenant-b", None, &format!("今天天气怎么样？ANSWER: 今天晴。{fragment}。"), false).await;
+    // C quotes its own Chinese prompt.
+    let c_prompt = "上海的东方明珠电视塔建于一九九一年，高四百六十八米，是城市的标志性建筑之一。";
+    ask(&residue, "tenant-c", None, &format!("{c_prompt} ANSWER: 您说：{c_prompt}"), false).await;
+    let incidents = incidents_after(&recorder, &mut live, 3).await;
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    assert_eq!(incidents[0].detector, "cross_tenant_ngram");
+    assert_eq!(incidents[0].tenant, "tenant-b");
+    assert_eq!(incidents[0].evidence["source_tenant"], "tenant-a");
+    assert_eq!(incidents[0].evidence["token_class"], "cjk");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn another_tenants_pii_is_critical_own_pii_is_fine() {
+    let (_up, residue, recorder) = setup().await;
+    let mut live = residue.incidents.subscribe();
+    let a = "Update my profile: email jane.doe@halvorsen.example, phone +44 20 7946 0958, card 4111 1111 1111 1111, resident ID 11010519491231002X.";
+    ask(&residue, "tenant-a", None, a, false).await;
+    // B gets A's values, written differently.
+    let leaked = "Contact JANE.DOE@halvorsen.example or +44 20 7946 0958; card 4111-1111-1111-1111; ID 11010519491231002X.";
+    ask(&residue, "tenant-b", None, &format!("Hi ANSWER: {leaked}"), false).await;
+    // A gets its own values back: fine.
+    ask(&residue, "tenant-a", None, "What is my email? ANSWER: Your email is jane.doe@halvorsen.example.", false).await;
+    let incidents = incidents_after(&recorder, &mut live, 3).await;
+    let pii: Vec<_> = incidents.iter().filter(|i| i.detector == "cross_tenant_pii").collect();
+    let mut kinds: Vec<&str> = pii.iter().map(|i| i.evidence["kind"].as_str().unwrap()).collect();
+    kinds.sort();
+    assert_eq!(kinds, vec!["card_number", "email", "national_id", "phone"], "{incidents:#?}");
+    for i in &pii {
+        assert_eq!(i.tenant, "tenant-b");
+        assert_eq!(i.severity.as_str(), "critical");
+        assert_eq!(i.evidence["source_tenants"][0], "tenant-a");
+        let json = serde_json::to_string(&***i).unwrap();
+        assert!(!json.contains("4111") && !json.contains("jane"), "raw value in incident: {json}");
+    }
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fragment_and_a_card_number_split_across_sse_events_are_still_caught() {
+    let (_up, residue, recorder) = setup().await;
+    let mut live = residue.incidents.subscribe();
+    ask(&residue, "tenant-a", None, &format!("{A_SECRET} Charge card 5500 0055 5555 5559."), false).await;
+    let fragment = "the ninth of March and the purchase price stays at four hundred million kroner";
+    ask(&residue, "tenant-b", None, &format!("Hello ANSWER: Fine. {fragment}. Pay with 5500 0055 5555 5559 today."), true).await;
+    let incidents = incidents_after(&recorder, &mut live, 2).await;
+    let detectors: Vec<&str> = incidents.iter().map(|i| i.detector).collect();
+    assert!(detectors.contains(&"cross_tenant_ngram"), "{incidents:#?}");
+    assert!(detectors.contains(&"cross_tenant_pii"), "{incidents:#?}");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn canaries_fire_for_everyone_but_their_owner() {
+    let upstream = FakeUpstream::start(scripted()).await;
+    let mut config = support::config(&upstream.url());
+    config.tenant.trust_header = true;
+    config.incidents.raw_tenant = true;
+    config.detect.canary = vec![
+        residue::detect::canary::CanaryConfig { value: "HONEY-7f3a-acme".into(), tenant: Some("acme".into()) },
+        residue::detect::canary::CanaryConfig { value: "RESIDUE-CANARY-0042".into(), tenant: None },
+    ];
+    let (residue, recorder) = support::start(config).await;
+    let mut live = residue.incidents.subscribe();
+    ask(&residue, "acme", None, "x ANSWER: your token HONEY-7f3a-acme", false).await;
+    ask(&residue, "globex", None, "x ANSWER: found HONEY-7f3a-acme and RESIDUE-CANARY-0042", false).await;
+    let incidents = incidents_after(&recorder, &mut live, 2).await;
+    assert_eq!(incidents.len(), 2, "{incidents:#?}");
+    assert!(incidents.iter().all(|i| i.detector == "canary" && i.tenant == "globex"));
+    assert!(!serde_json::to_string(&*incidents[0]).unwrap().contains("HONEY"));
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn store_metrics_are_exported() {
+    let (_up, residue, recorder) = setup().await;
+    ask(&residue, "tenant-a", None, A_SECRET, false).await;
+    recorder.wait_for(1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(support::metric(residue.admin_addr, "residue_store_entries", &[]).await >= 1.0);
+    assert!(support::metric(residue.admin_addr, "residue_store_bytes", &[]).await > 0.0);
+    residue.shutdown().await.unwrap();
+}

@@ -1,0 +1,157 @@
+//! Block and redact: the client never receives leaked bytes.
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::{BodyExt, Full};
+
+use crate::support::{self, call, FakeUpstream, Reply};
+use residue::config::{Action, TenantAction};
+
+const A_PROMPT: &str = "Draft a letter: the Halvorsen Maritime merger closes on the ninth of March and the purchase price stays at four hundred million kroner. Contact jane.doe@halvorsen.example.";
+const FRAGMENT: &str = "the Halvorsen Maritime merger closes on the ninth of March and the purchase price stays at four hundred million kroner";
+
+fn chat(stream: bool, text: &str) -> String {
+    serde_json::json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": text}]}).to_string()
+}
+
+/// The upstream answers tenant-b with `answer`, everyone else with "Noted.".
+async fn upstream(answer: String) -> FakeUpstream {
+    FakeUpstream::start(move |r| {
+        let for_b = r.headers.get("x-tenant-id").map(|v| v == "tenant-b").unwrap_or(false);
+        let text = if for_b { answer.clone() } else { "Noted.".to_string() };
+        let req: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        if req["stream"].as_bool() == Some(true) {
+            let words: Vec<String> = text.split_inclusive(' ').map(str::to_string).collect();
+            let mut chunks: Vec<Bytes> = words
+                .iter()
+                .map(|w| Bytes::from(format!("data: {}\n\n", serde_json::json!({"choices": [{"index": 0, "delta": {"content": w}}]}))))
+                .collect();
+            chunks.push(Bytes::from("data: [DONE]\n\n"));
+            let mut reply = Reply::stream("text/event-stream", chunks);
+            reply.delay = std::time::Duration::from_millis(1);
+            reply
+        } else {
+            Reply::json(serde_json::json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}).to_string())
+        }
+    })
+    .await
+}
+
+fn config(upstream: &FakeUpstream, action: Action) -> residue::Config {
+    let mut c = support::config(&upstream.url());
+    c.tenant.trust_header = true;
+    c.incidents.raw_tenant = true;
+    c.action.tenants = vec![TenantAction { tenant: "tenant-b".into(), action }];
+    c
+}
+
+fn lead_in() -> String {
+    "Thanks for your question about baking bread at home. ".repeat(8)
+}
+
+#[tokio::test]
+async fn block_replaces_a_leaking_answer_with_an_error() {
+    let answer = format!("{} Also, {FRAGMENT}.", lead_in());
+    let up = upstream(answer).await;
+    let (residue, recorder) = support::start(config(&up, Action::Block)).await;
+    let mut live = residue.incidents.subscribe();
+    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-a")], &chat(false, A_PROMPT)).await;
+    recorder.wait_for(1).await;
+    let (status, headers, body) = call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(false, "Bread?")).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(headers["x-residue-error"], "answer_blocked");
+    let text = String::from_utf8_lossy(&body);
+    assert!(!text.contains("Halvorsen") && !text.contains("kroner"), "{text}");
+    let err: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(err["error"]["message"].as_str().unwrap().contains("cross_tenant_ngram"), "{err}");
+    let incident = live.recv().await.unwrap();
+    assert_eq!(incident.action, "block");
+    assert!(err["error"]["message"].as_str().unwrap().contains(&incident.id));
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn block_cuts_a_leaking_stream_before_any_leaked_byte_is_sent() {
+    let answer = format!("{}Also, {FRAGMENT}. And some more text after it.", lead_in());
+    let up = upstream(answer.clone()).await;
+    let (residue, recorder) = support::start(config(&up, Action::Block)).await;
+    let mut live = residue.incidents.subscribe();
+    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-a")], &chat(false, A_PROMPT)).await;
+    recorder.wait_for(1).await;
+
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", residue.addr))
+        .header("content-type", "application/json")
+        .header("x-tenant-id", "tenant-b")
+        .body(Full::new(Bytes::from(chat(true, "Bread?"))))
+        .unwrap();
+    let resp = support::client().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let got = resp.into_body().collect().await.unwrap().to_bytes();
+    let got = String::from_utf8_lossy(&got);
+    // What the client read: the clean lead-in, then an error event; not one
+    // word of the fragment.
+    assert!(got.contains("Thanks for your question"), "{got}");
+    for word in ["Halvorsen", "Maritime", "merger", "kroner"] {
+        assert!(!got.contains(word), "leaked {word:?} to the client:\n{got}");
+    }
+    assert!(got.trim_end().ends_with('}'), "{got}");
+    let last = got.trim_end().rsplit("data: ").next().unwrap();
+    let err: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(err["error"]["type"], "cross_tenant_leak");
+    assert!(!got.contains("[DONE]"), "a cut stream must not look complete");
+    let incident = live.recv().await.unwrap();
+    assert_eq!(incident.action, "block");
+    assert_eq!(incident.detector, "cross_tenant_ngram");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn clean_answers_pass_block_mode_unchanged() {
+    let answer = lead_in();
+    let up = upstream(answer.clone()).await;
+    let (residue, _) = support::start(config(&up, Action::Block)).await;
+    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-a")], &chat(false, A_PROMPT)).await;
+    for stream in [false, true] {
+        let direct = call(up.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(stream, "Bread?")).await;
+        let proxied = call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(stream, "Bread?")).await;
+        assert_eq!(proxied.0, StatusCode::OK);
+        assert_eq!(proxied.2, direct.2, "stream={stream}");
+    }
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn redact_masks_exactly_the_span() {
+    let answer = "You can write to jane.doe@halvorsen.example for details.".to_string();
+    let up = upstream(answer.clone()).await;
+    let (residue, recorder) = support::start(config(&up, Action::Redact)).await;
+    let mut live = residue.incidents.subscribe();
+    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-a")], &chat(false, A_PROMPT)).await;
+    recorder.wait_for(1).await;
+    let (status, _, body) = call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(false, "Who?")).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let masked = "*".repeat("jane.doe@halvorsen.example".len());
+    assert_eq!(v["choices"][0]["message"]["content"], format!("You can write to {masked} for details."));
+    let incident = live.recv().await.unwrap();
+    assert_eq!(incident.action, "redact");
+    assert_eq!(incident.detector, "cross_tenant_pii");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn answers_too_large_to_hold_fail_open_or_closed_as_configured() {
+    let answer = lead_in();
+    for fail_closed in [false, true] {
+        let up = upstream(answer.clone()).await;
+        let mut c = config(&up, Action::Block);
+        c.observe.max_response_bytes = 64;
+        c.action.fail_closed = fail_closed;
+        let (residue, _) = support::start(c).await;
+        let (status, _, _) = call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(false, "Bread?")).await;
+        let outcome = if fail_closed { "fail_closed" } else { "fail_open" };
+        assert_eq!(status, if fail_closed { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK });
+        assert_eq!(support::metric(residue.admin_addr, "residue_enforced_total", &[("outcome", outcome)]).await, 1.0);
+        residue.shutdown().await.unwrap();
+    }
+}
