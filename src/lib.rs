@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod observe;
 pub mod protocol;
 pub mod proxy;
+pub mod rules;
 pub mod server;
 pub mod telemetry;
 pub mod tenant;
