@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod observe;
 pub mod protocol;
 pub mod proxy;
+pub mod rules;
 pub mod server;
 pub mod store;
 pub mod telemetry;
