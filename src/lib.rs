@@ -10,6 +10,7 @@ pub mod config;
 pub mod detect;
 pub mod encoding;
 pub mod error;
+pub mod fingerprint;
 pub mod hash;
 pub mod incident;
 pub mod metrics;
