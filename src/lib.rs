@@ -11,6 +11,7 @@ pub mod detect;
 pub mod encoding;
 pub mod enforce;
 pub mod error;
+pub mod fingerprint;
 pub mod hash;
 pub mod incident;
 pub mod metrics;
