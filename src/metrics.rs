@@ -60,6 +60,10 @@ pub struct Metrics {
     /// Answers under block or redact, by action and outcome (`pass`,
     /// `blocked`, `redacted`, `guarded_stream`, `fail_open`, `fail_closed`).
     pub enforced: IntCounterVec,
+    /// Rule reloads (SIGHUP or a changed file), by result (`ok`, `error`).
+    pub rules_reloads: IntCounterVec,
+    /// PII and secret rules in force.
+    pub rules_loaded: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -150,6 +154,8 @@ impl Metrics {
             store_bytes: gauge(r, "residue_store_bytes", "Approximate bytes held by the fingerprint store."),
             store_evictions: gauge(r, "residue_store_evictions", "Records the fingerprint store evicted since start (window or memory cap)."),
             store_lookups: gauge(r, "residue_store_lookups", "Hashes looked up in the fingerprint store since start."),
+            rules_reloads: counter(r, "residue_rules_reloads_total", "Rule reloads, by result; a failed reload keeps the rules in force.", &["result"]),
+            rules_loaded: gauge(r, "residue_rules_loaded", "PII and secret rules in force."),
             enforced: counter(r, "residue_enforced_total", "Answers under block or redact, by action and outcome.", &["action", "outcome"]),
             registry,
         }

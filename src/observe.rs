@@ -311,16 +311,22 @@ fn encoding_problem(e: &crate::encoding::EncodingError) -> &'static str {
 impl Scanners {
     /// Scans one exchange: decode, count, run every detector, emit incidents.
     pub fn scan(&self, exchange: &Exchange) {
-        let (_, findings) = self.findings(exchange);
-        for finding in findings {
+        // Each detector's findings are reported as soon as it returns them.
+        self.run_detectors(exchange, |finding| {
             self.incidents.report(exchange, finding, "monitor");
-        }
+        });
     }
 
     /// Decodes an exchange and runs every detector over it; reports nothing.
     /// Blocking and redacting call this on the request path (off the async
     /// workers) and decide before anything is sent.
     pub fn findings(&self, exchange: &Exchange) -> (Output, Vec<Finding>) {
+        let mut findings = Vec::new();
+        let output = self.run_detectors(exchange, |f| findings.push(f));
+        (output, findings)
+    }
+
+    fn run_detectors(&self, exchange: &Exchange, mut each: impl FnMut(Finding)) -> Output {
         let family = exchange.endpoint.family().as_str();
         let (output, problem) = decode_output(exchange, self.max_response_bytes);
         if let Some(reason) = problem {
@@ -354,11 +360,12 @@ impl Scanners {
             prompt_tokens,
             counter: exchange.counter.name(),
         };
-        let mut findings = Vec::new();
         for detector in &self.detectors {
-            findings.extend(detector.inspect(&input));
+            for finding in detector.inspect(&input) {
+                each(finding);
+            }
         }
         self.metrics.scanned.with_label_values(&[family]).inc();
-        (output, findings)
+        output
     }
 }

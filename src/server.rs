@@ -90,6 +90,8 @@ pub struct Residue {
     drain_timeout: Duration,
     header_read_timeout: Duration,
     http2_keep_alive_interval: Duration,
+    /// The rules folder to watch, and whom to give reloaded rules.
+    rules_reload: Option<(std::path::PathBuf, Arc<CrossTenant>)>,
 }
 
 impl Residue {
@@ -129,6 +131,9 @@ impl Residue {
             detectors.push(Box::new(PromptAccounting::new(&config.accounting)));
         }
         let cross_tenant = cross_tenant(&config, &key, &metrics)?;
+        if let Some(c) = &cross_tenant {
+            metrics.rules_loaded.set(c.rules_len() as i64);
+        }
         if let Some(cross) = &cross_tenant {
             detectors.push(Box::new(cross.clone()));
         }
@@ -172,6 +177,10 @@ impl Residue {
             drain_timeout: config.server.drain_timeout,
             header_read_timeout: config.server.header_read_timeout,
             http2_keep_alive_interval: config.server.http2_keep_alive_interval,
+            rules_reload: match (&config.detect.rules_dir, cross_tenant) {
+                (Some(dir), Some(cross)) => Some((dir.clone(), cross)),
+                _ => None,
+            },
         })
     }
 
@@ -207,8 +216,10 @@ impl Residue {
             drain_timeout,
             header_read_timeout,
             http2_keep_alive_interval,
+            rules_reload,
         } = self;
         let ready = Arc::new(AtomicBool::new(true));
+        let reloader = rules_reload.map(|(dir, cross)| tokio::spawn(watch_rules(dir, cross, metrics.clone())));
         let admin_task = tokio::spawn(serve_admin(admin, metrics, ready.clone()));
 
         let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -286,6 +297,9 @@ impl Residue {
             tracing::warn!("Scan and incident queues did not drain within 5s.");
         }
         admin_task.abort();
+        if let Some(r) = reloader {
+            r.abort();
+        }
         tracing::info!("Stopped.");
         Ok(())
     }
@@ -330,6 +344,72 @@ impl Running {
         (&mut self.task)
             .await
             .unwrap_or_else(|e| panic!("residue's task panicked: {e}"))
+    }
+}
+
+/// Reloads the rules folder on SIGHUP and when a file in it changes
+/// (checked every 2 s). A folder that fails to load keeps the rules in force.
+async fn watch_rules(dir: std::path::PathBuf, cross: Arc<CrossTenant>, metrics: Metrics) {
+    fn signature(dir: &std::path::Path) -> Vec<(std::ffi::OsString, Option<std::time::SystemTime>, u64)> {
+        let mut sig: Vec<_> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "toml"))
+            .map(|e| {
+                let meta = e.metadata().ok();
+                (
+                    e.file_name(),
+                    meta.as_ref().and_then(|m| m.modified().ok()),
+                    meta.map(|m| m.len()).unwrap_or(0),
+                )
+            })
+            .collect();
+        sig.sort();
+        sig
+    }
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut last = signature(&dir);
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        #[cfg(unix)]
+        let hangup = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hangup = std::future::pending::<()>();
+        let forced = tokio::select! {
+            () = hangup => true,
+            _ = tick.tick() => false,
+        };
+        let now = signature(&dir);
+        if !forced && now == last {
+            continue;
+        }
+        last = now;
+        let d = dir.clone();
+        match tokio::task::spawn_blocking(move || RuleSet::load_dir(&d)).await {
+            Ok(Ok(rules)) => {
+                metrics.rules_loaded.set(rules.len() as i64);
+                cross.set_rules(Arc::new(rules));
+                metrics.rules_reloads.with_label_values(&["ok"]).inc();
+                tracing::info!(dir = %dir.display(), "Rules reloaded.");
+            }
+            Ok(Err(e)) => {
+                metrics.rules_reloads.with_label_values(&["error"]).inc();
+                tracing::error!(dir = %dir.display(), errors = %e.errors.join("; "), "Rules not reloaded; the rules in force stay.");
+            }
+            Err(_) => {
+                metrics.rules_reloads.with_label_values(&["error"]).inc();
+            }
+        }
     }
 }
 

@@ -127,6 +127,10 @@ impl CrossTenant {
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = rules;
     }
 
+    pub fn rules_len(&self) -> usize {
+        self.rules().len()
+    }
+
     fn rules(&self) -> Arc<RuleSet> {
         self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -324,10 +328,16 @@ impl CrossTenant {
                 TokenClass::Word => params.word_k,
                 TokenClass::Cjk => params.cjk_k,
             };
+            let w = match s.class {
+                TokenClass::Word => params.word_w,
+                TokenClass::Cjk => params.cjk_w,
+            };
             let first = s.first as usize;
-            let end = (first + k).min(tokens.len());
+            let end = (first + (s.len as usize).max(1).min(k)).min(tokens.len());
+            // Inside one shared run, winnowing keeps a fingerprint in every
+            // window of w shingles: matches less than w apart are one run.
             match runs.last_mut() {
-                Some(last) if first <= last.1 && last.2 == s.class => last.1 = last.1.max(end),
+                Some(last) if first < last.1 + w && last.2 == s.class => last.1 = last.1.max(end),
                 _ => runs.push((first, end, s.class)),
             }
         }
@@ -412,5 +422,57 @@ impl Detector for CrossTenant {
             return Vec::new();
         }
         self.scan(&input.exchange.tenant, &input.output.text, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::FingerprintParams;
+    use crate::store::memory::MemoryStore;
+    use crate::tenant::TenantSource;
+    use std::time::Duration;
+
+    fn detector(rt: &tokio::runtime::Runtime) -> CrossTenant {
+        let key = HashKey::new([3; 32]);
+        CrossTenant::new(
+            Fingerprinter::new(key.derive_key("fingerprint"), FingerprintParams::default()),
+            Arc::new(RuleSet::builtin()),
+            Canaries::new(&[]).unwrap(),
+            Arc::new(MemoryStore::new(Duration::from_secs(60), 1 << 30)),
+            rt.handle().clone(),
+            key,
+            Settings {
+                ngram: true,
+                pii: true,
+                common_tenants: 3,
+                record_answers: true,
+                evidence: Evidence::Hashes,
+                raw_tenant: true,
+            },
+            Metrics::new(),
+        )
+    }
+
+    fn tenant(id: &str) -> Tenant {
+        Tenant {
+            id: Arc::from(id),
+            source: TenantSource::Header,
+        }
+    }
+
+    #[test]
+    fn a_fragment_of_a_recorded_prompt_is_found() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let d = detector(&rt);
+        let prompt = Prompt {
+            parts: vec!["Our merger with Halvorsen Maritime closes on the ninth of March and the purchase price stays at four hundred million kroner.".into()],
+            pretokenized: 0,
+        };
+        d.record_prompt(&tenant("a"), &prompt);
+        assert!(d.store.stats().hashes > 0, "{:?}", d.store.stats());
+        let findings = d.scan(&tenant("b"), "Note: with Halvorsen Maritime closes on the ninth of March and the purchase price stays at. Bye.", true);
+        assert_eq!(findings.len(), 1, "{findings:#?}");
+        assert_eq!(findings[0].evidence["source_tenant"], "a");
     }
 }

@@ -10,14 +10,18 @@ use std::sync::Arc;
 
 use crate::support::{self, call, FakeUpstream, Reply};
 
-/// The fake upstream answers with whatever follows `ANSWER:` in the last
-/// user message, so each test scripts its own leaks.
+/// The fake upstream answers with the (hex-encoded) `x-test-answer` header,
+/// so each test scripts its own leaks without them being part of the
+/// requester's prompt.
 fn scripted() -> impl Fn(&support::Received) -> Reply + Send + Sync + 'static {
     |r| {
         let req: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
-        let last = req["messages"].as_array().and_then(|m| m.last()).cloned().unwrap_or_default();
-        let text = last["content"].as_str().unwrap_or("").to_string();
-        let answer = text.split_once("ANSWER:").map(|(_, a)| a.trim().to_string()).unwrap_or_else(|| "Noted.".into());
+        let answer = r
+            .headers
+            .get("x-test-answer")
+            .and_then(|v| hex::decode(v.as_bytes()).ok())
+            .map(|b| String::from_utf8(b).unwrap())
+            .unwrap_or_else(|| "Noted.".into());
         if req["stream"].as_bool() == Some(true) {
             // Split the answer into 3-character deltas: words, values and
             // multi-byte characters all end up cut across events.
@@ -46,14 +50,25 @@ async fn setup() -> (FakeUpstream, residue::Running, support::Recorder) {
     (upstream, residue, recorder)
 }
 
+/// Asks as `tenant`; the prompt is `user`, and the scripted answer whatever
+/// follows `ANSWER:` in it (which is cut from the prompt itself).
 async fn ask(residue: &residue::Running, tenant: &str, system: Option<&str>, user: &str, stream: bool) -> Bytes {
+    let (user, answer) = match user.split_once("ANSWER:") {
+        Some((u, a)) => (u.trim(), Some(a.trim())),
+        None => (user, None),
+    };
+    let answer_hex = answer.map(|a| hex::encode(a.as_bytes()));
     let mut messages = Vec::new();
     if let Some(s) = system {
         messages.push(serde_json::json!({"role": "system", "content": s}));
     }
     messages.push(serde_json::json!({"role": "user", "content": user}));
     let body = serde_json::json!({"model": "m", "stream": stream, "messages": messages}).to_string();
-    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", tenant)], &body).await.2
+    let mut headers = vec![("x-tenant-id", tenant)];
+    if let Some(h) = &answer_hex {
+        headers.push(("x-test-answer", h.as_str()));
+    }
+    call(residue.addr, "/v1/chat/completions", &headers, &body).await.2
 }
 
 /// Incidents reported until `n` exchanges were scanned.
@@ -86,7 +101,8 @@ async fn a_fifteen_word_fragment_of_another_tenants_prompt_is_caught_and_names_t
     let i = ngram[0];
     assert_eq!(i.tenant, "tenant-b");
     assert_eq!(i.evidence["source_tenant"], "tenant-a");
-    assert!(i.evidence["longest_run_tokens"].as_u64().unwrap() >= 6, "{}", i.evidence);
+    // At least one whole shingle (k = 4 words) of the fragment matched.
+    assert!(i.evidence["longest_run_tokens"].as_u64().unwrap() >= 4, "{}", i.evidence);
     // Offsets point into the answer text at the fragment.
     let [start, end] = [i.evidence["offsets"][0][0].as_u64().unwrap() as usize, i.evidence["offsets"][0][1].as_u64().unwrap() as usize];
     assert!(answer[start..end].len() >= 20 && fragment.contains(&answer[start..end]), "{:?}", &answer[start..end]);
@@ -102,7 +118,7 @@ async fn quoting_your_own_prompt_is_not_a_leak() {
     let mut live = residue.incidents.subscribe();
     ask(&residue, "tenant-a", None, "Tell me about lighthouses.", false).await;
     let quote = format!("As you wrote: {A_SECRET}");
-    ask(&residue, "tenant-b", None, &format!("{A_SECRET} ANSWER: {quote}"), false).await;
+    ask(&residue, "tenant-b", None, &format!("Check my text: {A_SECRET} ANSWER: {quote}"), false).await;
     // And again later: B's own answer, recorded as B's content, is B's too.
     ask(&residue, "tenant-b", None, &format!("Repeat that. ANSWER: {quote}"), false).await;
     let incidents = incidents_after(&recorder, &mut live, 3).await;
