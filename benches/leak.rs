@@ -30,10 +30,16 @@ use residue::store::FingerprintStore;
 use residue::tenant::{Tenant, TenantSource};
 
 fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 struct Conversation {
+    /// ShareGPT splits long conversations into parts (`abc_0`, `abc_11`):
+    /// one user's, so one tenant's.
+    base_id: String,
     prompts: Vec<String>,
     answers: Vec<String>,
 }
@@ -44,7 +50,11 @@ struct Conversation {
 fn read_sharegpt(bytes: &[u8], limit: usize) -> Vec<Conversation> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
-    let mut i = bytes.iter().position(|b| *b == b'[').map(|p| p + 1).unwrap_or(0);
+    let mut i = bytes
+        .iter()
+        .position(|b| *b == b'[')
+        .map(|p| p + 1)
+        .unwrap_or(0);
     while out.len() < limit {
         while i < bytes.len() && (bytes[i].is_ascii_whitespace() || bytes[i] == b',') {
             i += 1;
@@ -79,8 +89,20 @@ fn read_sharegpt(bytes: &[u8], limit: usize) -> Vec<Conversation> {
             i += 1;
         }
         let Some(end) = end else { break };
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes[start..end]) else { continue };
-        let mut c = Conversation { prompts: Vec::new(), answers: Vec::new() };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes[start..end]) else {
+            continue;
+        };
+        let id = v["id"].as_str().unwrap_or("");
+        let base_id = id
+            .rsplit_once('_')
+            .map(|(b, _)| b)
+            .unwrap_or(id)
+            .to_string();
+        let mut c = Conversation {
+            base_id,
+            prompts: Vec::new(),
+            answers: Vec::new(),
+        };
         for turn in v["conversations"].as_array().into_iter().flatten() {
             let text = turn["value"].as_str().unwrap_or("").trim().to_string();
             if text.is_empty() {
@@ -92,9 +114,14 @@ fn read_sharegpt(bytes: &[u8], limit: usize) -> Vec<Conversation> {
                 _ => {}
             }
         }
-        // The same opening prompt from many users is one piece of shared
-        // content, not many tenants' own: keep it once.
-        if c.prompts.is_empty() || c.answers.is_empty() || !seen.insert(c.prompts[0].clone()) {
+        // The same conversation shared twice, or the same opening prompt
+        // from many users, is one piece of shared content, not many
+        // tenants' own: keep it once.
+        if c.prompts.is_empty()
+            || c.answers.is_empty()
+            || !seen.insert(c.prompts[0].clone())
+            || !seen.insert(c.answers[0].clone())
+        {
             continue;
         }
         out.push(c);
@@ -102,14 +129,34 @@ fn read_sharegpt(bytes: &[u8], limit: usize) -> Vec<Conversation> {
     out
 }
 
-fn tenant(i: usize) -> Tenant {
-    Tenant { id: Arc::from(format!("tenant-{i}")), source: TenantSource::Header }
+/// A conversation's tenant: a stable hash of its base id.
+fn tenant_of(base_id: &str, tenants: usize) -> usize {
+    let h = blake3::hash(base_id.as_bytes());
+    (u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap()) % tenants as u64) as usize
 }
 
-fn detector(rt: &tokio::runtime::Runtime, store: Arc<MemoryStore>, key: &HashKey, metrics: &Metrics) -> CrossTenant {
+fn tenant(i: usize) -> Tenant {
+    Tenant {
+        id: Arc::from(format!("tenant-{i}")),
+        source: TenantSource::Header,
+    }
+}
+
+fn detector(
+    rt: &tokio::runtime::Runtime,
+    store: Arc<MemoryStore>,
+    key: &HashKey,
+    metrics: &Metrics,
+) -> CrossTenant {
     let canaries = Canaries::new(&[
-        CanaryConfig { value: "RESIDUE-CANARY-7f3a91".into(), tenant: None },
-        CanaryConfig { value: "HONEY-acme-55120".into(), tenant: Some("tenant-1".into()) },
+        CanaryConfig {
+            value: "RESIDUE-CANARY-7f3a91".into(),
+            tenant: None,
+        },
+        CanaryConfig {
+            value: "HONEY-acme-55120".into(),
+            tenant: Some("tenant-1".into()),
+        },
     ])
     .unwrap();
     CrossTenant::new(
@@ -119,7 +166,14 @@ fn detector(rt: &tokio::runtime::Runtime, store: Arc<MemoryStore>, key: &HashKey
         store,
         rt.handle().clone(),
         key.clone(),
-        Settings { ngram: true, pii: true, common_tenants: 3, record_answers: true, evidence: Evidence::Hashes, raw_tenant: true },
+        Settings {
+            ngram: true,
+            pii: true,
+            common_tenants: 3,
+            record_answers: true,
+            evidence: Evidence::Hashes,
+            raw_tenant: true,
+        },
         metrics.clone(),
     )
 }
@@ -127,15 +181,23 @@ fn detector(rt: &tokio::runtime::Runtime, store: Arc<MemoryStore>, key: &HashKey
 fn main() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".corpus/sharegpt.json");
     let Ok(bytes) = std::fs::read(&path) else {
-        eprintln!("leak: {} is missing; run tests/corpus/fetch first", path.display());
+        eprintln!(
+            "leak: {} is missing; run tests/corpus/fetch first",
+            path.display()
+        );
         std::process::exit(2);
     };
     let want_answers = env("ANSWERS", 10_000);
+    // Answers replayed first, uncounted: residue in steady state has a warm
+    // window in which stock phrases are already known to be common.
+    let warmup = env("WARMUP", 5_000);
     let tenants = env("TENANTS", 200);
     let show = std::env::var("SHOW").is_ok();
     let conversations = read_sharegpt(&bytes, 60_000);
     drop(bytes);
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let key = HashKey::new([42; 32]);
     let metrics = Metrics::new();
 
@@ -145,26 +207,52 @@ fn main() {
     let (mut answers, mut flagged, mut recorded_bytes) = (0usize, 0usize, 0usize);
     let mut by_detector: std::collections::BTreeMap<&str, usize> = Default::default();
     let mut conv_used = 0;
-    for (i, c) in conversations.iter().enumerate() {
+    let mut warm = 0usize;
+    for c in conversations.iter() {
         if answers >= want_answers {
             break;
         }
+        if warm < warmup {
+            let t = tenant(tenant_of(&c.base_id, tenants));
+            recorded_bytes += c
+                .prompts
+                .iter()
+                .chain(c.answers.iter())
+                .map(|p| p.len())
+                .sum::<usize>();
+            d.record_prompt(
+                &t,
+                &Prompt {
+                    parts: c.prompts.clone(),
+                    pretokenized: 0,
+                },
+            );
+            for a in &c.answers {
+                warm += 1;
+                d.scan(&t, a, true);
+            }
+            continue;
+        }
         conv_used += 1;
-        let t = tenant(i % tenants);
-        let prompt = Prompt { parts: c.prompts.clone(), pretokenized: 0 };
+        let t = tenant(tenant_of(&c.base_id, tenants));
+        let prompt = Prompt {
+            parts: c.prompts.clone(),
+            pretokenized: 0,
+        };
         recorded_bytes += c.prompts.iter().map(|p| p.len()).sum::<usize>();
         d.record_prompt(&t, &prompt);
         for a in &c.answers {
             answers += 1;
             let findings = d.scan(&t, a, true);
-            if findings.is_empty() {
-                recorded_bytes += a.len();
-            } else {
+            // Answers are recorded flagged or not.
+            recorded_bytes += a.len();
+            if !findings.is_empty() {
                 flagged += 1;
                 for f in &findings {
                     *by_detector.entry(f.detector).or_default() += 1;
                     if show {
-                        let spans: Vec<&str> = f.spans.iter().filter_map(|(s, e)| a.get(*s..*e)).collect();
+                        let spans: Vec<&str> =
+                            f.spans.iter().filter_map(|(s, e)| a.get(*s..*e)).collect();
                         println!("FP {} {}: {:?} {}", t.id, f.detector, spans, f.evidence);
                     }
                 }
@@ -175,7 +263,7 @@ fn main() {
     let fp_rate = flagged as f64 / answers.max(1) as f64;
     let bytes_per_kb = stats.bytes as f64 / (recorded_bytes as f64 / 1024.0);
     println!(
-        "leak: {answers} clean answers from {conv_used} ShareGPT conversations over {tenants} tenants: \
+        "leak: {answers} clean answers (after {warm} warm-up answers) from {conv_used} ShareGPT conversations over {tenants} tenants: \
          {flagged} flagged = {:.2} per 10,000 (by detector: {by_detector:?})",
         fp_rate * 10_000.0
     );
@@ -190,17 +278,35 @@ fn main() {
     // === Throughput against 100,000 prompts from 1,000 tenants ===
     let store = Arc::new(MemoryStore::new(Duration::from_secs(3600), 4 << 30));
     let d = detector(&rt, store.clone(), &key, &metrics);
-    let prompts: Vec<&String> = conversations.iter().flat_map(|c| c.prompts.iter()).collect();
+    let prompts: Vec<&String> = conversations
+        .iter()
+        .flat_map(|c| c.prompts.iter())
+        .collect();
     let mut n = 0;
     while n < 100_000 {
         let p = prompts[n % prompts.len()];
         // Repeated prompts get a per-copy suffix so that they stay distinct
         // tenants' content rather than turning into boilerplate.
-        let text = if n < prompts.len() { p.to_string() } else { format!("{p} (copy {n})") };
-        d.record_prompt(&tenant(n % 1_000), &Prompt { parts: vec![text], pretokenized: 0 });
+        let text = if n < prompts.len() {
+            p.to_string()
+        } else {
+            format!("{p} (copy {n})")
+        };
+        d.record_prompt(
+            &tenant(n % 1_000),
+            &Prompt {
+                parts: vec![text],
+                pretokenized: 0,
+            },
+        );
         n += 1;
     }
-    let answers_for_speed: Vec<&String> = conversations.iter().rev().flat_map(|c| c.answers.iter()).take(3_000).collect();
+    let answers_for_speed: Vec<&String> = conversations
+        .iter()
+        .rev()
+        .flat_map(|c| c.answers.iter())
+        .take(3_000)
+        .collect();
     let total: usize = answers_for_speed.iter().map(|a| a.len()).sum();
     let start = Instant::now();
     let mut found = 0;

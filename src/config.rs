@@ -586,7 +586,10 @@ impl Config {
         }
         if let Some(dir) = &self.detect.rules_dir {
             if !dir.is_dir() {
-                errors.push(format!("detect.rules-dir: {} is not a folder", dir.display()));
+                errors.push(format!(
+                    "detect.rules-dir: {} is not a folder",
+                    dir.display()
+                ));
             }
         }
         if let Err(errs) = crate::detect::canary::Canaries::new(&self.detect.canary) {

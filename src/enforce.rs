@@ -49,7 +49,10 @@ pub fn verdict(action: Action, findings: &[Finding]) -> Verdict {
             if findings.iter().any(|f| f.spans.is_empty()) {
                 return Verdict::Block;
             }
-            let mut spans: Vec<(usize, usize)> = findings.iter().flat_map(|f| f.spans.iter().copied()).collect();
+            let mut spans: Vec<(usize, usize)> = findings
+                .iter()
+                .flat_map(|f| f.spans.iter().copied())
+                .collect();
             spans.sort_unstable();
             let mut merged: Vec<(usize, usize)> = Vec::new();
             for (s, e) in spans {
@@ -66,7 +69,9 @@ pub fn verdict(action: Action, findings: &[Finding]) -> Verdict {
 /// The mask for a span: one `*` per character, so lengths stay plausible
 /// and nothing of the value survives.
 fn mask_of(s: &str) -> String {
-    s.chars().map(|c| if c.is_whitespace() { c } else { '*' }).collect()
+    s.chars()
+        .map(|c| if c.is_whitespace() { c } else { '*' })
+        .collect()
 }
 
 /// Masks the spans of `text` wherever they appear in a JSON `body` (as JSON
@@ -83,7 +88,10 @@ pub fn redact_json(body: &[u8], text: &str, spans: &[(usize, usize)]) -> Option<
         let escaped = quoted.get(1..quoted.len() - 1)?.as_bytes();
         let replacement = mask_of(m);
         let replacement = serde_json::to_string(&replacement).ok()?;
-        let replacement = replacement.get(1..replacement.len() - 1)?.as_bytes().to_vec();
+        let replacement = replacement
+            .get(1..replacement.len() - 1)?
+            .as_bytes()
+            .to_vec();
         let mut found = false;
         let mut i = 0;
         let mut next = Vec::with_capacity(out.len());
@@ -114,12 +122,18 @@ pub fn error_event(family: Family, format: BodyFormat, kind: &str, message: &str
             let data = serde_json::json!({"type": "error", "error": {"type": kind, "message": message, "source": "residue"}});
             format!("event: error\ndata: {data}\n\n")
         }
-        (_, BodyFormat::Ndjson) => format!("{}\n", serde_json::json!({"error": message, "source": "residue"})),
+        (_, BodyFormat::Ndjson) => format!(
+            "{}\n",
+            serde_json::json!({"error": message, "source": "residue"})
+        ),
         (Family::OpenAi, _) => {
             let data = serde_json::json!({"error": {"message": message, "type": kind, "code": null, "param": null, "source": "residue"}});
             format!("data: {data}\n\n")
         }
-        _ => format!("data: {}\n\n", serde_json::json!({"error": message, "error_type": kind, "source": "residue"})),
+        _ => format!(
+            "data: {}\n\n",
+            serde_json::json!({"error": message, "error_type": kind, "source": "residue"})
+        ),
     };
     Bytes::from(bytes)
 }
@@ -199,7 +213,10 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         loop {
             if *this.done {
@@ -225,7 +242,14 @@ where
                         // Meanwhile keep reading the upstream (bounded by the
                         // decoder cap), so it is not stalled by our scan.
                         if !*this.upstream_done {
-                            if let Poll::Ready(r) = read_one(this.inner.as_mut(), cx, this.decoder, this.output, this.held, this.upstream_done) {
+                            if let Poll::Ready(r) = read_one(
+                                this.inner.as_mut(),
+                                cx,
+                                this.decoder,
+                                this.output,
+                                this.held,
+                                this.upstream_done,
+                            ) {
                                 if let Some(e) = r {
                                     return Poll::Ready(Some(Err(e)));
                                 }
@@ -269,7 +293,14 @@ where
             }
 
             // 4. Read more from the upstream.
-            match read_one(this.inner.as_mut(), cx, this.decoder, this.output, this.held, this.upstream_done) {
+            match read_one(
+                this.inner.as_mut(),
+                cx,
+                this.decoder,
+                this.output,
+                this.held,
+                this.upstream_done,
+            ) {
                 Poll::Ready(Some(e)) => return Poll::Ready(Some(Err(e))),
                 Poll::Ready(None) => continue,
                 Poll::Pending => return Poll::Pending,
@@ -336,27 +367,47 @@ mod tests {
     #[test]
     fn verdicts() {
         assert_eq!(verdict(Action::Block, &[]), Verdict::Pass);
-        assert_eq!(verdict(Action::Monitor, &[finding(vec![(1, 2)])]), Verdict::Pass);
-        assert_eq!(verdict(Action::Block, &[finding(vec![(1, 2)])]), Verdict::Block);
         assert_eq!(
-            verdict(Action::Redact, &[finding(vec![(5, 9)]), finding(vec![(1, 3), (2, 6)])]),
+            verdict(Action::Monitor, &[finding(vec![(1, 2)])]),
+            Verdict::Pass
+        );
+        assert_eq!(
+            verdict(Action::Block, &[finding(vec![(1, 2)])]),
+            Verdict::Block
+        );
+        assert_eq!(
+            verdict(
+                Action::Redact,
+                &[finding(vec![(5, 9)]), finding(vec![(1, 3), (2, 6)])]
+            ),
             Verdict::Redact(vec![(1, 9)])
         );
-        assert_eq!(verdict(Action::Redact, &[finding(vec![(1, 2)]), finding(vec![])]), Verdict::Block);
+        assert_eq!(
+            verdict(Action::Redact, &[finding(vec![(1, 2)]), finding(vec![])]),
+            Verdict::Block
+        );
     }
 
     #[test]
     fn redaction_masks_exactly_the_span_in_json() {
         let text = "Call \"Jane\" at jane@x.example now";
-        let body = serde_json::to_vec(&serde_json::json!({"choices": [{"message": {"content": text}}]})).unwrap();
+        let body =
+            serde_json::to_vec(&serde_json::json!({"choices": [{"message": {"content": text}}]}))
+                .unwrap();
         let start = text.find("jane@").unwrap();
         let out = redact_json(&body, text, &[(start, start + "jane@x.example".len())]).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v["choices"][0]["message"]["content"], "Call \"Jane\" at ************** now");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            "Call \"Jane\" at ************** now"
+        );
         // A span with an escaped quote inside.
         let out = redact_json(&body, text, &[(5, 11)]).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v["choices"][0]["message"]["content"], "Call ****** at jane@x.example now");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            "Call ****** at jane@x.example now"
+        );
         // Not in the body as written: None.
         assert!(redact_json(b"{}", text, &[(0, 4)]).is_none());
         assert!(redact_json(&body, text, &[(0, 999)]).is_none());
@@ -370,10 +421,16 @@ mod tests {
                 let text = std::str::from_utf8(&ev).unwrap();
                 let json = text
                     .lines()
-                    .find_map(|l| l.strip_prefix("data: ").or(if format == BodyFormat::Ndjson { Some(l) } else { None }))
+                    .find_map(|l| {
+                        l.strip_prefix("data: ")
+                            .or(if l.starts_with('{') { Some(l) } else { None })
+                    })
                     .unwrap();
                 let v: serde_json::Value = serde_json::from_str(json).unwrap();
-                assert!(v.to_string().contains("residue: m"), "{family:?} {format:?}: {text}");
+                assert!(
+                    v.to_string().contains("residue: m"),
+                    "{family:?} {format:?}: {text}"
+                );
             }
         }
     }

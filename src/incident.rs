@@ -61,8 +61,20 @@ impl IncidentSink {
     /// Turns a finding into an incident and hands it on: to the log, the
     /// metrics, live subscribers and the writer.
     /// `action` is what residue did about it: `monitor`, `block`, `redact`.
-    pub fn report(&self, exchange: &Exchange, finding: Finding, action: &'static str) -> Arc<Incident> {
-        self.report_for(&exchange.request_id, &exchange.tenant, exchange.endpoint, exchange.status, finding, action)
+    pub fn report(
+        &self,
+        exchange: &Exchange,
+        finding: Finding,
+        action: &'static str,
+    ) -> Arc<Incident> {
+        self.report_for(
+            &exchange.request_id,
+            &exchange.tenant,
+            exchange.endpoint,
+            exchange.status,
+            finding,
+            action,
+        )
     }
 
     /// [`IncidentSink::report`] without a whole exchange (a stream cut while

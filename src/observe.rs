@@ -212,14 +212,15 @@ pub fn start(
                     scanners.metrics.scan_queue_depth.dec();
                     // A bug in one detector must not end scanning for good:
                     // count it and go on with the next exchange.
-                    let scanned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &job {
-                        Job::Exchange(exchange) => scanners.scan(exchange),
-                        Job::Prompt { tenant, prompt } => {
-                            if let Some(cross) = &scanners.cross_tenant {
-                                cross.record_prompt(tenant, prompt);
+                    let scanned =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &job {
+                            Job::Exchange(exchange) => scanners.scan(exchange),
+                            Job::Prompt { tenant, prompt } => {
+                                if let Some(cross) = &scanners.cross_tenant {
+                                    cross.record_prompt(tenant, prompt);
+                                }
                             }
-                        }
-                    }));
+                        }));
                     drop(job);
                     budget.give_back(bytes);
                     if scanned.is_err() {

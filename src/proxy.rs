@@ -29,10 +29,10 @@ use crate::config::{Action, ActionConfig, Config, RouteConfig};
 use crate::detect::cross_tenant::CrossTenant;
 use crate::detect::Finding;
 use crate::enforce::{redact_json, verdict, GuardBody, OnBlock, ScanFn, Verdict};
-use crate::incident::IncidentSink;
-use crate::observe::Scanners;
 use crate::error::{ErrorSource, Rejection, StartError};
+use crate::incident::IncidentSink;
 use crate::metrics::Metrics;
+use crate::observe::Scanners;
 use crate::observe::{Exchange, Observer, Timings};
 use crate::protocol::{self, BodyFormat, Endpoint, Family, ParsedRequest, Prompt, Route, Usage};
 use crate::tenant::{Tenant, TenantResolver};
@@ -326,7 +326,11 @@ impl Proxy {
         });
         let enforce = ctx.action != Action::Monitor && status.is_success();
         if let (true, Some(pending)) = (enforce, scan.as_ref()) {
-            let format = BodyFormat::detect(pending.content_type.as_deref(), pending.endpoint, pending.stream_requested);
+            let format = BodyFormat::detect(
+                pending.content_type.as_deref(),
+                pending.endpoint,
+                pending.stream_requested,
+            );
             let encoded = pending
                 .content_encoding
                 .as_deref()
@@ -334,7 +338,9 @@ impl Proxy {
             if format == BodyFormat::Json || encoded {
                 let pending = scan.expect("checked above. This is a bug.");
                 let _keep = (in_flight, ctx.body_permit.take());
-                return self.enforce_whole(ctx, parts, body, pending, family_label).await;
+                return self
+                    .enforce_whole(ctx, parts, body, pending, family_label)
+                    .await;
             }
         }
         let hook = Box::new(ResponseHook {
@@ -355,7 +361,14 @@ impl Proxy {
             _body_permit: ctx.body_permit.take(),
         });
         let guard = match (&hook.scan, enforce) {
-            (Some(pending), true) => Some((pending.endpoint, BodyFormat::detect(pending.content_type.as_deref(), pending.endpoint, pending.stream_requested))),
+            (Some(pending), true) => Some((
+                pending.endpoint,
+                BodyFormat::detect(
+                    pending.content_type.as_deref(),
+                    pending.endpoint,
+                    pending.stream_requested,
+                ),
+            )),
             _ => None,
         };
         let mut hook = hook;
@@ -367,11 +380,24 @@ impl Proxy {
         let tapped = TapBody::new(body, hook, Some(self.idle_timeout));
         let body = match (guard, &self.cross_tenant) {
             (Some((endpoint, format)), Some(cross)) => {
-                self.metrics.enforced.with_label_values(&[ctx.action.as_str(), "guarded_stream"]).inc();
+                self.metrics
+                    .enforced
+                    .with_label_values(&[ctx.action.as_str(), "guarded_stream"])
+                    .inc();
                 let (cross, tenant) = (cross.clone(), ctx.tenant.clone());
-                let scan: ScanFn = Arc::new(move |text: String, last: bool| cross.scan(&tenant, &text, last));
+                let scan: ScanFn =
+                    Arc::new(move |text: String, last: bool| cross.scan(&tenant, &text, last));
                 let on_block = self.on_block(ctx, endpoint, status.as_u16());
-                GuardBody::new(tapped, endpoint, format, self.max_response_bytes, self.hold_back_chars, scan, on_block).boxed_unsync()
+                GuardBody::new(
+                    tapped,
+                    endpoint,
+                    format,
+                    self.max_response_bytes,
+                    self.hold_back_chars,
+                    scan,
+                    on_block,
+                )
+                .boxed_unsync()
             }
             _ => tapped.boxed_unsync(),
         };
@@ -390,10 +416,16 @@ impl Proxy {
     /// The action for a tenant on a route: the tenant's, else the route's,
     /// else the default.
     fn action_for(&self, tenant: &Tenant, rule: Option<&RouteRule>) -> Action {
-        if let Some(t) = self.actions.tenants.iter().find(|t| *t.tenant == *tenant.id) {
+        if let Some(t) = self
+            .actions
+            .tenants
+            .iter()
+            .find(|t| *t.tenant == *tenant.id)
+        {
             return t.action;
         }
-        rule.and_then(|r| r.config.action).unwrap_or(self.actions.default)
+        rule.and_then(|r| r.config.action)
+            .unwrap_or(self.actions.default)
     }
 
     /// Reports the findings of a stream that was cut.
@@ -407,9 +439,19 @@ impl Proxy {
             status,
         };
         Box::new(move |findings| {
-            metrics.enforced.with_label_values(&["block", "blocked"]).inc();
+            metrics
+                .enforced
+                .with_label_values(&["block", "blocked"])
+                .inc();
             for f in findings {
-                incidents.report_for(&probe.request_id, &probe.tenant, probe.endpoint, probe.status, f, "block");
+                incidents.report_for(
+                    &probe.request_id,
+                    &probe.tenant,
+                    probe.endpoint,
+                    probe.status,
+                    f,
+                    "block",
+                );
             }
         })
     }
@@ -427,15 +469,23 @@ impl Proxy {
         let action = ctx.action;
         let fail = |reason: &'static str| -> Result<(), Rejection> {
             if self.actions.fail_closed {
-                self.metrics.enforced.with_label_values(&[action.as_str(), "fail_closed"]).inc();
+                self.metrics
+                    .enforced
+                    .with_label_values(&[action.as_str(), "fail_closed"])
+                    .inc();
                 Err(Rejection::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "scan_unavailable",
                     ErrorSource::Internal,
-                    format!("the answer could not be checked ({reason}) and action.fail-closed is set"),
+                    format!(
+                        "the answer could not be checked ({reason}) and action.fail-closed is set"
+                    ),
                 ))
             } else {
-                self.metrics.enforced.with_label_values(&[action.as_str(), "fail_open"]).inc();
+                self.metrics
+                    .enforced
+                    .with_label_values(&[action.as_str(), "fail_open"])
+                    .inc();
                 Ok(())
             }
         };
@@ -475,19 +525,40 @@ impl Proxy {
         let bytes: Bytes = if chunks.len() == 1 {
             chunks.pop().unwrap_or_default()
         } else {
-            Bytes::from(chunks.iter().flat_map(|c| c.iter().copied()).collect::<Vec<u8>>())
+            Bytes::from(
+                chunks
+                    .iter()
+                    .flat_map(|c| c.iter().copied())
+                    .collect::<Vec<u8>>(),
+            )
         };
-        self.metrics.bytes.with_label_values(&["response"]).inc_by(total as u64);
+        self.metrics
+            .bytes
+            .with_label_values(&["response"])
+            .inc_by(total as u64);
         let ended = Instant::now();
         let encoded = pending
             .content_encoding
             .as_deref()
             .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"));
-        let exchange = pending.into_exchange(vec![bytes.clone()], total as u64, too_large, StreamEnd::Complete, ended);
+        let exchange = pending.into_exchange(
+            vec![bytes.clone()],
+            total as u64,
+            too_large,
+            StreamEnd::Complete,
+            ended,
+        );
         let respond = |parts: http::response::Parts, bytes: Bytes| {
             let mut parts = parts;
-            parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-            Response::from_parts(parts, Full::new(bytes).map_err(|never| match never {}).boxed_unsync())
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+            Response::from_parts(
+                parts,
+                Full::new(bytes)
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
         };
         let permit = self.inline_scans.clone().try_acquire_owned().ok();
         let problem = if too_large {
@@ -519,12 +590,18 @@ impl Proxy {
         let _ = family_label;
         match verdict(action, &findings) {
             Verdict::Pass => {
-                self.metrics.enforced.with_label_values(&[action.as_str(), "pass"]).inc();
+                self.metrics
+                    .enforced
+                    .with_label_values(&[action.as_str(), "pass"])
+                    .inc();
                 Ok(respond(parts, bytes))
             }
             Verdict::Redact(spans) => match redact_json(&bytes, &output.text, &spans) {
                 Some(masked) => {
-                    self.metrics.enforced.with_label_values(&[action.as_str(), "redacted"]).inc();
+                    self.metrics
+                        .enforced
+                        .with_label_values(&[action.as_str(), "redacted"])
+                        .inc();
                     for f in findings {
                         self.incidents.report(&exchange, f, "redact");
                     }
@@ -538,7 +615,10 @@ impl Proxy {
 
     /// Reports findings as blocked and builds the error the client gets.
     fn block(&self, exchange: &Exchange, findings: Vec<Finding>) -> Rejection {
-        self.metrics.enforced.with_label_values(&["block", "blocked"]).inc();
+        self.metrics
+            .enforced
+            .with_label_values(&["block", "blocked"])
+            .inc();
         let mut ids = Vec::new();
         let mut detectors: Vec<&'static str> = Vec::new();
         for f in findings {
@@ -761,7 +841,14 @@ struct PendingExchange {
 }
 
 impl PendingExchange {
-    fn into_exchange(self, body: Vec<Bytes>, body_bytes: u64, truncated: bool, end: StreamEnd, ended: Instant) -> Exchange {
+    fn into_exchange(
+        self,
+        body: Vec<Bytes>,
+        body_bytes: u64,
+        truncated: bool,
+        end: StreamEnd,
+        ended: Instant,
+    ) -> Exchange {
         Exchange {
             request_id: self.request_id,
             tenant: self.tenant,

@@ -26,20 +26,24 @@ use crate::detect::accounting::PromptAccounting;
 use crate::detect::canary::Canaries;
 use crate::detect::cross_tenant::{CrossTenant, Settings};
 use crate::detect::Detector;
-use crate::fingerprint::{FingerprintParams, Fingerprinter};
-use crate::rules::RuleSet;
-use crate::store::memory::MemoryStore;
-use crate::store::FingerprintStore;
 use crate::error::StartError;
+use crate::fingerprint::{FingerprintParams, Fingerprinter};
 use crate::hash::HashKey;
 use crate::incident::IncidentSink;
 use crate::metrics::Metrics;
 use crate::observe::{self, Scanners};
 use crate::proxy::Proxy;
+use crate::rules::RuleSet;
+use crate::store::memory::MemoryStore;
+use crate::store::FingerprintStore;
 use crate::tenant::TenantResolver;
 
 /// Builds the cross-tenant detectors, if any is on.
-fn cross_tenant(config: &Config, key: &HashKey, metrics: &Metrics) -> Result<Option<Arc<CrossTenant>>, StartError> {
+fn cross_tenant(
+    config: &Config,
+    key: &HashKey,
+    metrics: &Metrics,
+) -> Result<Option<Arc<CrossTenant>>, StartError> {
     let detect = &config.detect;
     if !detect.ngram && !detect.pii && detect.canary.is_empty() {
         return Ok(None);
@@ -54,11 +58,16 @@ fn cross_tenant(config: &Config, key: &HashKey, metrics: &Metrics) -> Result<Opt
     };
     let rules = match &detect.rules_dir {
         Some(dir) => RuleSet::load_dir(dir).map_err(|e| crate::config::ConfigError {
-            errors: e.errors.into_iter().map(|e| format!("detect.rules-dir: {e}")).collect(),
+            errors: e
+                .errors
+                .into_iter()
+                .map(|e| format!("detect.rules-dir: {e}"))
+                .collect(),
         })?,
         None => RuleSet::builtin(),
     };
-    let canaries = Canaries::new(&detect.canary).map_err(|errors| crate::config::ConfigError { errors })?;
+    let canaries =
+        Canaries::new(&detect.canary).map_err(|errors| crate::config::ConfigError { errors })?;
     let store: Arc<dyn FingerprintStore> = Arc::new(MemoryStore::new(f.window, f.max_bytes));
     Ok(Some(Arc::new(CrossTenant::new(
         Fingerprinter::new(key.derive_key("fingerprint"), params),
@@ -139,11 +148,11 @@ impl Residue {
         }
         detectors.extend(extra);
         let scanners = Arc::new(Scanners {
-                detectors,
-                incidents: incidents.clone(),
-                metrics: metrics.clone(),
-                max_response_bytes: config.observe.max_response_bytes,
-                cross_tenant: cross_tenant.clone(),
+            detectors,
+            incidents: incidents.clone(),
+            metrics: metrics.clone(),
+            max_response_bytes: config.observe.max_response_bytes,
+            cross_tenant: cross_tenant.clone(),
         });
         let (observer, mut threads) = observe::start(
             config.observe.queue,
@@ -152,7 +161,13 @@ impl Residue {
             scanners.clone(),
         );
         threads.extend(writer);
-        let proxy = Arc::new(Proxy::new(&config, tenants, observer, scanners, metrics.clone())?);
+        let proxy = Arc::new(Proxy::new(
+            &config,
+            tenants,
+            observer,
+            scanners,
+            metrics.clone(),
+        )?);
         let listener = TcpListener::bind(config.server.listen)
             .await
             .map_err(|source| StartError::Bind {
@@ -219,7 +234,8 @@ impl Residue {
             rules_reload,
         } = self;
         let ready = Arc::new(AtomicBool::new(true));
-        let reloader = rules_reload.map(|(dir, cross)| tokio::spawn(watch_rules(dir, cross, metrics.clone())));
+        let reloader =
+            rules_reload.map(|(dir, cross)| tokio::spawn(watch_rules(dir, cross, metrics.clone())));
         let admin_task = tokio::spawn(serve_admin(admin, metrics, ready.clone()));
 
         let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -350,7 +366,9 @@ impl Running {
 /// Reloads the rules folder on SIGHUP and when a file in it changes
 /// (checked every 2 s). A folder that fails to load keeps the rules in force.
 async fn watch_rules(dir: std::path::PathBuf, cross: Arc<CrossTenant>, metrics: Metrics) {
-    fn signature(dir: &std::path::Path) -> Vec<(std::ffi::OsString, Option<std::time::SystemTime>, u64)> {
+    fn signature(
+        dir: &std::path::Path,
+    ) -> Vec<(std::ffi::OsString, Option<std::time::SystemTime>, u64)> {
         let mut sig: Vec<_> = std::fs::read_dir(dir)
             .into_iter()
             .flatten()

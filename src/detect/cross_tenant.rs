@@ -30,7 +30,7 @@ use serde_json::json;
 
 use super::canary::Canaries;
 use super::{Detector, Finding, ScanInput, Severity};
-use crate::fingerprint::{Fingerprinter, Shingle, Token, TokenClass};
+use crate::fingerprint::{Fingerprinter, Token, TokenClass};
 use crate::hash::HashKey;
 use crate::metrics::Metrics;
 use crate::protocol::Prompt;
@@ -88,13 +88,7 @@ pub fn tenant_key(key: &HashKey, id: &str) -> TenantKey {
 
 fn pii_hash(key: &HashKey, m: &PiiMatch) -> u64 {
     let h = key.hash(m.kind.as_str(), m.canonical.as_bytes());
-    // The top bit marks PII hashes, keeping them apart from shingle hashes.
-    u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]) | (1 << 63)
-}
-
-/// A shingle hash, with the PII bit cleared.
-fn shingle_hash(s: &Shingle) -> u64 {
-    s.hash & !(1 << 63)
+    u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
 }
 
 impl CrossTenant {
@@ -156,30 +150,34 @@ impl CrossTenant {
         format!("{k:016x}")
     }
 
-    /// The hashes one text is remembered by: winnowed shingles and PII.
-    pub fn content_hashes(&self, text: &str) -> Vec<u64> {
+    /// What one text is remembered by: winnowed fingerprints (indexed),
+    /// every shingle (for the record's Bloom filter) and PII value hashes.
+    pub fn content(&self, text: &str, into: &mut Record) {
         let mut tokens = Vec::new();
         let mut shingles = Vec::new();
         let mut kept = Vec::new();
         self.fp.tokens(text, &mut tokens);
         self.fp.shingles(&tokens, &mut shingles);
         self.fp.winnow(&shingles, &mut kept);
-        let mut hashes: Vec<u64> = kept.iter().map(shingle_hash).collect();
+        into.fingerprints.extend(kept.iter().map(|s| s.hash));
+        into.shingles.extend(shingles.iter().map(|s| s.hash));
         let mut pii = Vec::new();
         self.rules().find(text, &mut pii);
-        hashes.extend(pii.iter().map(|m| pii_hash(&self.key, m)));
-        hashes
+        into.pii.extend(pii.iter().map(|m| pii_hash(&self.key, m)));
     }
 
     /// Records a tenant's prompt. Called when the request arrives, so that a
-    /// leak into an answer that finishes first is still caught.
+    /// leak into an answer that ends before this request's is still caught.
     pub fn record_prompt(&self, tenant: &Tenant, prompt: &Prompt) {
-        let tenant = self.key_of(tenant);
-        let mut hashes = Vec::new();
+        let mut record = Record {
+            tenant: self.key_of(tenant),
+            kind: Some(ContentKind::Prompt),
+            ..Record::default()
+        };
         for part in &prompt.parts {
-            hashes.extend(self.content_hashes(part));
+            self.content(part, &mut record);
         }
-        self.record(tenant, ContentKind::Prompt, hashes);
+        self.record(record);
     }
 
     fn publish_stats(&self) {
@@ -192,13 +190,16 @@ impl CrossTenant {
         m.store_lookups.set(st.lookups as i64);
     }
 
-    fn record(&self, tenant: TenantKey, kind: ContentKind, hashes: Vec<u64>) {
-        if hashes.is_empty() {
+    fn record(&self, record: Record) {
+        if record.fingerprints.is_empty() && record.pii.is_empty() {
             return;
         }
-        let batch = vec![Record { tenant, kind, hashes }];
+        let batch = vec![record];
         if let Err(e) = self.runtime.block_on(self.store.record(batch)) {
-            self.metrics.store_errors.with_label_values(&["record"]).inc();
+            self.metrics
+                .store_errors
+                .with_label_values(&["record"])
+                .inc();
             tracing::warn!(error = %e, "Recording fingerprints failed.");
         }
         self.publish_stats();
@@ -212,7 +213,10 @@ impl CrossTenant {
         let mut findings = Vec::new();
         if !self.canaries.is_empty() {
             for hit in self.canaries.foreign_in(text, &tenant.id) {
-                let owner = self.canaries.owner(hit.index).map(|o| self.show_tenant(tenant_key(&self.key, o)));
+                let owner = self
+                    .canaries
+                    .owner(hit.index)
+                    .map(|o| self.show_tenant(tenant_key(&self.key, o)));
                 findings.push(Finding {
                     detector: CANARY,
                     severity: Severity::Critical,
@@ -237,44 +241,63 @@ impl CrossTenant {
         if self.settings.pii {
             self.rules().find(text, &mut pii);
         }
-        let mut hashes: Vec<u64> = shingles.iter().map(shingle_hash).collect();
-        hashes.extend(pii.iter().map(|m| pii_hash(&self.key, m)));
-        if hashes.is_empty() {
+        if shingles.is_empty() && pii.is_empty() {
             return findings;
         }
-        let lookup = [Lookup { requester, hashes }];
+        let lookup = [Lookup {
+            requester,
+            shingles: shingles.iter().map(|s| s.hash).collect(),
+            pii: pii.iter().map(|m| pii_hash(&self.key, m)).collect(),
+        }];
         let result = match self.runtime.block_on(self.store.lookup(&lookup)) {
             Ok(mut r) => r.pop().unwrap_or_default(),
             Err(e) => {
-                self.metrics.store_errors.with_label_values(&["lookup"]).inc();
+                self.metrics
+                    .store_errors
+                    .with_label_values(&["lookup"])
+                    .inc();
                 tracing::warn!(error = %e, "Fingerprint lookup failed; this answer was not checked for leaks.");
                 return findings;
             }
         };
 
-        // Shingle hits, per foreign tenant.
-        let mut by_tenant: HashMap<TenantKey, Vec<usize>> = HashMap::new();
-        let mut pii_owner: Vec<Option<Vec<TenantKey>>> = vec![None; pii.len()];
-        for (i, owners) in &result.hits {
-            let common = owners.tenants >= self.settings.common_tenants;
-            if *i < shingles.len() {
-                if owners.own || common {
-                    continue;
-                }
-                for t in &owners.foreign {
-                    by_tenant.entry(*t).or_default().push(*i);
-                }
-            } else {
-                let p = i - shingles.len();
-                if p < pii.len() {
-                    pii_owner[p] = Some(if owners.own { Vec::new() } else { owners.foreign.clone() });
-                }
+        // Shingle runs, in tokens, per foreign tenant; boilerplate skipped.
+        let mut by_tenant: HashMap<TenantKey, Vec<(usize, usize, TokenClass, bool)>> =
+            HashMap::new();
+        for run in &result.runs {
+            if run.tenants >= self.settings.common_tenants {
+                continue;
             }
+            let (a, b) = (&shingles[run.first], &shingles[run.last]);
+            let first = a.first as usize;
+            let end = (b.first as usize + b.len as usize).min(tokens.len());
+            let from_answer = run.kind == Some(ContentKind::Answer);
+            by_tenant
+                .entry(run.tenant)
+                .or_default()
+                .push((first, end, a.class, from_answer));
         }
         let mut sources: Vec<_> = by_tenant.into_iter().collect();
         sources.sort_by_key(|(t, _)| *t);
-        for (source, hits) in sources {
-            findings.push(self.ngram_finding(source, &hits, &shingles, &tokens, text));
+        for (source, runs) in sources {
+            if let Some(f) = self.ngram_finding(source, runs, &tokens, text) {
+                findings.push(f);
+            }
+        }
+        let mut pii_owner: Vec<Option<Vec<TenantKey>>> = vec![None; pii.len()];
+        for (i, owners) in &result.pii {
+            // A value many tenants hold (a support address, a default
+            // router IP) is nobody's secret.
+            if owners.tenants >= self.settings.common_tenants && !owners.own {
+                continue;
+            }
+            if let Some(slot) = pii_owner.get_mut(*i) {
+                *slot = Some(if owners.own {
+                    Vec::new()
+                } else {
+                    owners.foreign.clone()
+                });
+            }
         }
         for (m, owners) in pii.iter().zip(pii_owner) {
             let owner = match &owners {
@@ -282,7 +305,10 @@ impl CrossTenant {
                 Some(o) if o.is_empty() => "requester",
                 Some(_) => "other_tenant",
             };
-            self.metrics.pii_seen.with_label_values(&[m.kind.as_str(), owner]).inc();
+            self.metrics
+                .pii_seen
+                .with_label_values(&[m.kind.as_str(), owner])
+                .inc();
             if let Some(foreign) = owners.filter(|o| !o.is_empty()) {
                 let sources: Vec<String> = foreign.iter().map(|t| self.show_tenant(*t)).collect();
                 findings.push(Finding {
@@ -305,74 +331,110 @@ impl CrossTenant {
             }
         }
 
-        if findings.is_empty() && record_if_clean && self.settings.record_answers {
+        // Answers are the tenant's content too, flagged or not: a phrase many
+        // tenants' answers share must be able to become boilerplate. (A leaked
+        // fragment thus also counts as the recipient's from now on; a second
+        // leak of it still names the first owner.)
+        if record_if_clean && self.settings.record_answers {
             let mut kept = Vec::new();
             self.fp.winnow(&shingles, &mut kept);
-            let mut hashes: Vec<u64> = kept.iter().map(shingle_hash).collect();
-            hashes.extend(pii.iter().map(|m| pii_hash(&self.key, m)));
-            self.record(requester, ContentKind::Answer, hashes);
+            self.record(Record {
+                tenant: requester,
+                kind: Some(ContentKind::Answer),
+                fingerprints: kept.iter().map(|s| s.hash).collect(),
+                shingles: shingles.iter().map(|s| s.hash).collect(),
+                pii: pii.iter().map(|m| pii_hash(&self.key, m)).collect(),
+            });
         }
         findings
     }
 
-    /// Builds the finding for one source tenant from the indices of the
-    /// answer's shingles that tenant produced.
-    fn ngram_finding(&self, source: TenantKey, hits: &[usize], shingles: &[Shingle], tokens: &[Token], text: &str) -> Finding {
+    /// Builds the finding for one source tenant from the token ranges of
+    /// the runs it shares with the answer; `None` when they are too short to
+    /// be evidence (shorter than one guaranteed run, and covering less than
+    /// half the answer).
+    fn ngram_finding(
+        &self,
+        source: TenantKey,
+        mut runs: Vec<(usize, usize, TokenClass, bool)>,
+        tokens: &[Token],
+        text: &str,
+    ) -> Option<Finding> {
         let params = self.fp.params();
-        // Merge matched shingles into runs of tokens: two matches whose
-        // shingles overlap or touch belong to one run.
-        let mut runs: Vec<(usize, usize, TokenClass)> = Vec::new(); // [first token, end token)
-        for &i in hits {
-            let s = &shingles[i];
-            let k = match s.class {
-                TokenClass::Word => params.word_k,
-                TokenClass::Cjk => params.cjk_k,
-            };
-            let w = match s.class {
-                TokenClass::Word => params.word_w,
-                TokenClass::Cjk => params.cjk_w,
-            };
-            let first = s.first as usize;
-            let end = (first + (s.len as usize).max(1).min(k)).min(tokens.len());
-            // Inside one shared run, winnowing keeps a fingerprint in every
-            // window of w shingles: matches less than w apart are one run.
-            match runs.last_mut() {
-                Some(last) if first < last.1 + w && last.2 == s.class => last.1 = last.1.max(end),
-                _ => runs.push((first, end, s.class)),
+        runs.sort_unstable_by_key(|r| (r.0, r.1));
+        // Merged runs; a merged run counts as prompt content if any part of
+        // it matched a prompt.
+        let mut merged: Vec<(usize, usize, TokenClass, bool)> = Vec::new();
+        for r in runs {
+            match merged.last_mut() {
+                Some(last) if r.0 <= last.1 && r.2 == last.2 => {
+                    last.1 = last.1.max(r.1);
+                    last.3 &= r.3;
+                }
+                _ => merged.push(r),
             }
         }
-        let covered: usize = runs.iter().map(|r| r.1 - r.0).sum();
-        let (longest, class) = runs
+        let covered: usize = merged.iter().map(|r| r.1 - r.0).sum();
+        let coverage = if tokens.is_empty() {
+            0.0
+        } else {
+            covered as f64 / tokens.len() as f64
+        };
+        // Evidence: a shared run of one guaranteed length (≈12 words, 20 CJK
+        // characters) of another tenant's *prompt*; of another tenant's
+        // *answer*, twice that, since models repeat their own stock phrases
+        // ("I hope this helps! Let me know if you have any other questions")
+        // to everyone. Or, for a prompt, half the answer.
+        // A run of numbers and punctuation ("0, 1, 0, 0, 1", "1 2 3 … 12")
+        // is not anyone's content: it must hold enough distinct words.
+        let informative = |r: &(usize, usize, TokenClass, bool)| {
+            let mut words: Vec<&str> = tokens[r.0..r.1]
+                .iter()
+                .filter_map(|t| text.get(t.start..t.end))
+                .filter(|w| w.chars().any(char::is_alphabetic))
+                .collect();
+            words.sort_unstable();
+            words.dedup();
+            words.len() * 2 >= params.guaranteed_run(r.2)
+        };
+        let qualifies = |r: &(usize, usize, TokenClass, bool)| {
+            let min = params.guaranteed_run(r.2) * if r.3 { 2 } else { 1 };
+            r.1 - r.0 >= min && informative(r)
+        };
+        let whole =
+            coverage >= 0.5 && covered >= 8 && merged.iter().any(|r| !r.3 && informative(r));
+        if !whole && !merged.iter().any(qualifies) {
+            return None;
+        }
+        let (longest, class) = merged
             .iter()
             .map(|r| (r.1 - r.0, r.2))
             .max_by_key(|r| r.0)
             .unwrap_or((0, TokenClass::Word));
-        let guaranteed = match class {
-            TokenClass::Word => params.word_k + params.word_w - 1,
-            TokenClass::Cjk => params.cjk_k + params.cjk_w - 1,
-        };
-        let coverage = if tokens.is_empty() { 0.0 } else { covered as f64 / tokens.len() as f64 };
-        let spans: Vec<(usize, usize)> = runs
+        let min_run = params.guaranteed_run(class);
+        let from_answers = merged.iter().all(|r| r.3);
+        let spans: Vec<(usize, usize)> = merged
             .iter()
-            .filter(|r| r.0 < tokens.len() && r.1 >= 1)
+            .filter(|r| r.0 < r.1 && r.1 <= tokens.len())
             .map(|r| (tokens[r.0].start, tokens[r.1 - 1].end))
             .collect();
-        let severity = if longest >= guaranteed || coverage >= 0.5 {
+        let severity = if longest >= 2 * min_run || coverage >= 0.5 {
             Severity::Critical
         } else {
             Severity::High
         };
-        Finding {
+        Some(Finding {
             detector: NGRAM,
             severity,
-            score: (longest as f64 / guaranteed as f64).min(1.0).max(coverage),
+            score: (longest as f64 / (2 * min_run) as f64).min(1.0).max(coverage),
             evidence: self.with_snippet(
                 json!({
                     "source_tenant": self.show_tenant(source),
-                    "matched_shingles": hits.len(),
+                    "runs": merged.len(),
                     "longest_run_tokens": longest,
                     "token_class": match class { TokenClass::Word => "word", TokenClass::Cjk => "cjk" },
-                    "guaranteed_run_tokens": guaranteed,
+                    "min_run_tokens": min_run,
+                    "source_kind": if from_answers { "answer" } else { "prompt" },
                     "coverage": (coverage * 1000.0).round() / 1000.0,
                     "answer_tokens": tokens.len(),
                     "offsets": spans,
@@ -381,12 +443,21 @@ impl CrossTenant {
                 &spans,
             ),
             spans,
-        }
+        })
     }
 
-    fn with_snippet(&self, mut evidence: serde_json::Value, text: &str, spans: &[(usize, usize)]) -> serde_json::Value {
+    fn with_snippet(
+        &self,
+        mut evidence: serde_json::Value,
+        text: &str,
+        spans: &[(usize, usize)],
+    ) -> serde_json::Value {
         if self.settings.evidence == Evidence::MaskedSnippet {
-            let snippets: Vec<String> = spans.iter().filter_map(|(s, e)| text.get(*s..*e)).map(mask).collect();
+            let snippets: Vec<String> = spans
+                .iter()
+                .filter_map(|(s, e)| text.get(*s..*e))
+                .map(mask)
+                .collect();
             evidence["masked_snippets"] = json!(snippets);
         }
         evidence
@@ -463,7 +534,9 @@ mod tests {
 
     #[test]
     fn a_fragment_of_a_recorded_prompt_is_found() {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let d = detector(&rt);
         let prompt = Prompt {
             parts: vec!["Our merger with Halvorsen Maritime closes on the ninth of March and the purchase price stays at four hundred million kroner.".into()],

@@ -316,7 +316,7 @@ fn phone_table() {
 
 #[test]
 fn ipv4_table() {
-    for s in ["10.12.0.7", "203.0.113.45", "192.168.1.1", "1.2.3.40"] {
+    for s in ["10.12.0.7", "203.0.113.45", "172.20.1.1", "1.2.3.40"] {
         assert!(ipv4(s), "{s}");
     }
     for s in [
@@ -374,7 +374,7 @@ fn ipv6_table() {
 #[test]
 fn email_table() {
     for s in [
-        "alice@example.com",
+        "alice@northwind-mail.com",
         "Bob.Smith+tag@mail.example.co.uk",
         "a@b.io",
     ] {
@@ -383,8 +383,8 @@ fn email_table() {
     for s in [
         "logo@2x.png",
         "x@y.js",
-        "a..b@example.com",
-        ".a@example.com",
+        "a..b@northwind-mail.com",
+        ".a@northwind-mail.com",
         "a@-example.com",
         "a@example",
         "a@example.c0m",
@@ -454,7 +454,10 @@ fn canonical_forms_make_one_value_one_hash() {
         |t: &str| -> Vec<String> { find(&set, t).into_iter().map(|m| m.canonical).collect() };
     assert_eq!(canon("4111-1111-1111-1111"), canon("4111 1111 1111 1111"));
     assert_eq!(canon("4111-1111-1111-1111"), vec!["4111111111111111"]);
-    assert_eq!(canon("Alice@Example.com"), canon("alice@example.com"));
+    assert_eq!(
+        canon("Alice@Northwind-Mail.com"),
+        canon("alice@northwind-mail.com")
+    );
     assert_eq!(canon("+1 (555) 123-4567"), canon("+15551234567"));
     assert_eq!(
         canon("GB82 WEST 1234 5698 7654 32"),
@@ -762,7 +765,7 @@ negative = ["alphabeta", "alpha  beta"]
 #[test]
 fn offsets_point_at_the_value_in_the_original_text() {
     let set = RuleSet::builtin();
-    let text = "é中文😀 alice@example.com，卡号4111 1111 1111 1111；手机：13800138000 ssn: 536221234 ∎ 10.12.0.7";
+    let text = "é中文😀 alice@northwind-mail.com，卡号4111 1111 1111 1111；手机：13800138000 ssn: 536221234 ∎ 10.12.0.7";
     let got = find(&set, text);
     check_invariants(text, &got);
     let spans: Vec<(&str, &str)> = got
@@ -772,7 +775,7 @@ fn offsets_point_at_the_value_in_the_original_text() {
     assert_eq!(
         spans,
         [
-            ("email", "alice@example.com"),
+            ("email", "alice@northwind-mail.com"),
             ("card.visa", "4111 1111 1111 1111"),
             ("phone.cn_mobile_labelled", "13800138000"),
             ("ssn.us_labelled", "536221234"),
@@ -785,10 +788,10 @@ fn offsets_point_at_the_value_in_the_original_text() {
 fn find_appends_and_keeps_existing_matches() {
     let set = RuleSet::builtin();
     let mut out = Vec::new();
-    set.find("a alice@example.com", &mut out);
-    set.find("b bob@example.com", &mut out);
+    set.find("a alice@northwind-mail.com", &mut out);
+    set.find("b bob@northwind-mail.com", &mut out);
     assert_eq!(out.len(), 2);
-    assert_eq!(out[1].canonical, "bob@example.com");
+    assert_eq!(out[1].canonical, "bob@northwind-mail.com");
 }
 
 // -------------------------------------------------- false-positive traps
@@ -1082,7 +1085,7 @@ fn shared_across_threads() {
         .map(|i| {
             let set = Arc::clone(&set);
             std::thread::spawn(move || {
-                let text = format!("user{i}@example.com");
+                let text = format!("user{i}@northwind-mail.com");
                 find(&set, &text).len()
             })
         })
@@ -1114,4 +1117,19 @@ fn kinds() {
     .map(|m| m.kind)
     .collect();
     assert_eq!(kinds.len(), 8, "{kinds:?}");
+}
+
+#[test]
+fn placeholder_addresses_are_not_pii() {
+    let rules = RuleSet::builtin();
+    for text in [
+        "write to john.doe@example.com",
+        "see ops@mail.example.org",
+        "the router at 192.168.1.1",
+        "VM two is 10.0.0.2",
+    ] {
+        let mut out = Vec::new();
+        rules.find(text, &mut out);
+        assert!(out.is_empty(), "{text}: {out:?}");
+    }
 }

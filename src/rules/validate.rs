@@ -514,6 +514,12 @@ pub fn ipv4(value: &str) -> bool {
     if o[0] == 0 || o[0] == 127 || o == [255; 4] {
         return false;
     }
+    // Home-router and tutorial defaults (192.168.x.x, 10.0.0.x): in every
+    // setup guide and nobody's in particular. Other private addresses
+    // (10.12.0.7, 172.20.x.x) do describe someone's network.
+    if (o[0] == 192 && o[1] == 168) || (o[0] == 10 && o[1] == 0 && o[2] == 0) {
+        return false;
+    }
     if o[0] == 255 {
         // netmask: ones then zeros
         let m = u32::from_be_bytes(o);
@@ -616,6 +622,15 @@ pub fn email(value: &str) -> bool {
         || labels
             .iter()
             .any(|l| l.is_empty() || l.starts_with('-') || l.ends_with('-'))
+    {
+        return false;
+    }
+    // RFC 2606's documentation domains: placeholders in every tutorial and
+    // answer, never anyone's address.
+    let lower = domain.to_ascii_lowercase();
+    if ["example.com", "example.org", "example.net"]
+        .iter()
+        .any(|d| lower == *d || lower.ends_with(&format!(".{d}")))
     {
         return false;
     }

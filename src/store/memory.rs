@@ -1,10 +1,17 @@
 //! The in-memory fingerprint store (after mini-redis's `db.rs`): a
 //! cheap-to-clone handle around `Mutex<State>`, records in arrival order for
-//! eviction, and a posting map from hash to the tenants that produced it.
+//! eviction, and indexes from hash to the records that produced it.
 //!
 //! The lock is a `std::sync::Mutex`, not a Tokio one: nothing asynchronous
-//! happens while it is held, and every critical section is short (one batch
-//! of hash-map operations).
+//! happens while it is held, and every critical section is one batch of
+//! hash-map operations.
+//!
+//! Memory: fingerprints are indexed by 32 bits of their hash (a collision
+//! only proposes a candidate, which the record's Bloom filter over the full
+//! 64-bit hash then rejects), postings are `(tenant index, record id)` pairs
+//! of `u32`, and records keep their fingerprints (for eviction) and a Bloom
+//! filter of all their shingles (for verification). PII values are indexed
+//! by their full 64-bit hash: they have no second check.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,18 +19,25 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
+use super::bloom::Bloom;
 use super::{
-    FingerprintStore, Lookup, LookupResult, Owners, Record, StoreError, StoreStats, TenantKey,
+    ContentKind, FingerprintStore, Lookup, LookupResult, Owners, Record, RunHit, StoreError,
+    StoreStats, TenantKey,
 };
 
-/// Approximate costs, for the memory cap. A posting slot in the map: the key,
-/// one owner and its count, and hashbrown's control byte and slack.
-const POSTING_BYTES: usize = 8 + 16 + 8;
-/// Each further owner of a shared hash.
-const EXTRA_OWNER_BYTES: usize = 16;
-/// A record: its hashes are kept for eviction, plus the deque slot.
-const RECORD_BYTES: usize = 48;
-const HASH_BYTES: usize = 8;
+/// Approximate costs, for the memory cap: an index slot (key, posting,
+/// hashbrown's control byte and slack), a fingerprint kept in its record,
+/// a PII posting, and a record's fixed overhead.
+const FP_SLOT_BYTES: usize = 16;
+const FP_KEPT_BYTES: usize = 4;
+const PII_BYTES: usize = 64;
+const RECORD_BYTES: usize = 96;
+
+/// A `(tenant index, record id)` posting.
+type Posting = (u32, u32);
+
+/// Marks an index slot whose postings live in `State::multi`.
+const MULTI: u32 = u32::MAX;
 
 #[derive(Clone)]
 pub struct MemoryStore {
@@ -38,8 +52,16 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    postings: HashMap<u64, Posting>,
+    tenants: HashMap<TenantKey, u32>,
+    tenant_keys: Vec<TenantKey>,
+    /// Fingerprint (32 bits) → its only posting, or `(MULTI, _)`.
+    fps: HashMap<u32, Posting>,
+    /// Fingerprints with several postings.
+    multi: HashMap<u32, Vec<Posting>>,
+    pii: HashMap<u64, Vec<Posting>>,
     records: VecDeque<Held>,
+    /// The id of `records[0]`.
+    first_id: u32,
     bytes: usize,
     evictions: u64,
     lookups: u64,
@@ -47,97 +69,79 @@ struct State {
 
 struct Held {
     at: Instant,
-    tenant: TenantKey,
-    hashes: Box<[u64]>,
+    tenant: u32,
+    kind: Option<ContentKind>,
+    fps: Box<[u32]>,
+    pii: Box<[u64]>,
+    bloom: Bloom,
+    bytes: usize,
 }
 
-/// The tenants that produced one hash, each with how many held records
-/// produced it (so eviction knows when a tenant no longer owns it).
-enum Posting {
-    One(TenantKey, u32),
-    Many(Vec<(TenantKey, u32)>),
-}
+impl State {
+    fn tenant_index(&mut self, key: TenantKey) -> u32 {
+        if let Some(i) = self.tenants.get(&key) {
+            return *i;
+        }
+        let i = self.tenant_keys.len() as u32;
+        self.tenant_keys.push(key);
+        self.tenants.insert(key, i);
+        i
+    }
 
-impl Posting {
-    fn add(&mut self, tenant: TenantKey) -> usize {
-        match self {
-            Posting::One(t, n) if *t == tenant => {
-                *n += 1;
-                0
-            }
-            Posting::One(t, n) => {
-                *self = Posting::Many(vec![(*t, *n), (tenant, 1)]);
-                EXTRA_OWNER_BYTES
-            }
-            Posting::Many(v) => match v.iter_mut().find(|(t, _)| *t == tenant) {
-                Some((_, n)) => {
-                    *n += 1;
-                    0
-                }
-                None => {
-                    v.push((tenant, 1));
-                    EXTRA_OWNER_BYTES
-                }
-            },
+    fn postings(&self, fp: u32) -> &[Posting] {
+        match self.fps.get(&fp) {
+            Some((MULTI, _)) => self.multi.get(&fp).map(|v| v.as_slice()).unwrap_or(&[]),
+            Some(p) => std::slice::from_ref(p),
+            None => &[],
         }
     }
 
-    /// Removes one count of `tenant`; returns (bytes freed, now empty).
-    fn remove(&mut self, tenant: TenantKey) -> (usize, bool) {
-        match self {
-            Posting::One(t, n) if *t == tenant => {
-                *n -= 1;
-                (0, *n == 0)
+    fn record_at(&self, id: u32) -> Option<&Held> {
+        self.records.get(id.wrapping_sub(self.first_id) as usize)
+    }
+
+    fn add_fp(&mut self, fp: u32, posting: Posting) {
+        match self.fps.get(&fp).copied() {
+            None => {
+                self.fps.insert(fp, posting);
             }
-            Posting::One(..) => (0, false),
-            Posting::Many(v) => {
-                let mut freed = 0;
-                if let Some(i) = v.iter().position(|(t, _)| *t == tenant) {
-                    v[i].1 -= 1;
-                    if v[i].1 == 0 {
-                        v.swap_remove(i);
-                        freed = EXTRA_OWNER_BYTES;
-                    }
-                }
+            Some((MULTI, _)) => self.multi.entry(fp).or_default().push(posting),
+            Some(one) => {
+                self.fps.insert(fp, (MULTI, 0));
+                self.multi.insert(fp, vec![one, posting]);
+            }
+        }
+    }
+
+    fn remove_fp(&mut self, fp: u32, posting: Posting) {
+        match self.fps.get(&fp).copied() {
+            Some((MULTI, _)) => {
+                let Some(v) = self.multi.get_mut(&fp) else {
+                    return;
+                };
+                v.retain(|p| *p != posting);
                 if v.len() == 1 {
-                    let (t, n) = v[0];
-                    *self = Posting::One(t, n);
-                }
-                (freed, v_is_empty(self))
-            }
-        }
-    }
-
-    fn owners(&self, requester: TenantKey) -> Owners {
-        match self {
-            Posting::One(t, _) if *t == requester => Owners {
-                foreign: Vec::new(),
-                own: true,
-                tenants: 1,
-            },
-            Posting::One(t, _) => Owners {
-                foreign: vec![*t],
-                own: false,
-                tenants: 1,
-            },
-            Posting::Many(v) => {
-                let own = v.iter().any(|(t, _)| *t == requester);
-                Owners {
-                    foreign: v
-                        .iter()
-                        .map(|(t, _)| *t)
-                        .filter(|t| *t != requester)
-                        .collect(),
-                    own,
-                    tenants: v.len() as u32,
+                    let only = v[0];
+                    self.multi.remove(&fp);
+                    self.fps.insert(fp, only);
+                } else if v.is_empty() {
+                    self.multi.remove(&fp);
+                    self.fps.remove(&fp);
                 }
             }
+            Some(p) if p == posting => {
+                self.fps.remove(&fp);
+            }
+            _ => {}
         }
     }
 }
 
-fn v_is_empty(p: &Posting) -> bool {
-    matches!(p, Posting::Many(v) if v.is_empty())
+fn distinct_tenants(postings: &[Posting]) -> u32 {
+    let mut seen: Vec<u32> = postings.iter().map(|p| p.0).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.len() as u32
 }
 
 impl MemoryStore {
@@ -164,27 +168,37 @@ impl MemoryStore {
         let now = Instant::now();
         let mut state = self.lock();
         for record in batch {
-            if record.hashes.is_empty() {
+            if record.fingerprints.is_empty() && record.pii.is_empty() {
                 continue;
             }
-            let mut hashes = record.hashes;
-            hashes.sort_unstable();
-            hashes.dedup();
-            let mut added = RECORD_BYTES + hashes.len() * HASH_BYTES;
-            for h in &hashes {
-                match state.postings.get_mut(h) {
-                    Some(p) => added += p.add(record.tenant),
-                    None => {
-                        state.postings.insert(*h, Posting::One(record.tenant, 1));
-                        added += POSTING_BYTES;
-                    }
-                }
+            let tenant = state.tenant_index(record.tenant);
+            let id = state.first_id.wrapping_add(state.records.len() as u32);
+            let mut fps: Vec<u32> = record.fingerprints.iter().map(|h| *h as u32).collect();
+            fps.sort_unstable();
+            fps.dedup();
+            let mut pii = record.pii;
+            pii.sort_unstable();
+            pii.dedup();
+            for fp in &fps {
+                state.add_fp(*fp, (tenant, id));
             }
-            state.bytes += added;
+            for h in &pii {
+                state.pii.entry(*h).or_default().push((tenant, id));
+            }
+            let bloom = Bloom::new(&record.shingles);
+            let bytes = RECORD_BYTES
+                + fps.len() * (FP_SLOT_BYTES + FP_KEPT_BYTES)
+                + pii.len() * PII_BYTES
+                + bloom.bytes();
+            state.bytes += bytes;
             state.records.push_back(Held {
                 at: now,
-                tenant: record.tenant,
-                hashes: hashes.into_boxed_slice(),
+                tenant,
+                kind: record.kind,
+                fps: fps.into_boxed_slice(),
+                pii: pii.into_boxed_slice(),
+                bloom,
+                bytes,
             });
         }
         self.evict(&mut state, now);
@@ -197,19 +211,77 @@ impl MemoryStore {
         self.evict(&mut state, now);
         let mut results = Vec::with_capacity(batch.len());
         for lookup in batch {
-            state.lookups += lookup.hashes.len() as u64;
-            let hits = lookup
-                .hashes
-                .iter()
-                .enumerate()
-                .filter_map(|(i, h)| {
-                    state
-                        .postings
-                        .get(h)
-                        .map(|p| (i, p.owners(lookup.requester)))
-                })
-                .collect();
-            results.push(LookupResult { hits });
+            state.lookups += (lookup.shingles.len() + lookup.pii.len()) as u64;
+            let requester = state
+                .tenants
+                .get(&lookup.requester)
+                .copied()
+                .unwrap_or(MULTI);
+            let mut result = LookupResult::default();
+            // Runs found so far, per record, so that each run is walked once.
+            let mut walked: Vec<(u32, usize, usize)> = Vec::new();
+            for (i, h) in lookup.shingles.iter().enumerate() {
+                let postings = state.postings(*h as u32);
+                if postings.is_empty() || postings.iter().any(|p| p.0 == requester) {
+                    continue;
+                }
+                let tenants = distinct_tenants(postings);
+                for &(tenant, id) in postings {
+                    if walked
+                        .iter()
+                        .any(|(r, f, l)| *r == id && (*f..=*l).contains(&i))
+                    {
+                        continue;
+                    }
+                    let Some(held) = state.record_at(id) else {
+                        continue;
+                    };
+                    // The full hash must be in the record: this rejects
+                    // 32-bit index collisions.
+                    if !held.bloom.contains(*h) {
+                        continue;
+                    }
+                    let (mut first, mut last) = (i, i);
+                    while first > 0 && held.bloom.contains(lookup.shingles[first - 1]) {
+                        first -= 1;
+                    }
+                    while last + 1 < lookup.shingles.len()
+                        && held.bloom.contains(lookup.shingles[last + 1])
+                    {
+                        last += 1;
+                    }
+                    walked.push((id, first, last));
+                    result.runs.push(RunHit {
+                        tenant: state.tenant_keys[tenant as usize],
+                        first,
+                        last,
+                        tenants,
+                        kind: held.kind,
+                    });
+                }
+            }
+            for (i, h) in lookup.pii.iter().enumerate() {
+                let Some(postings) = state.pii.get(h) else {
+                    continue;
+                };
+                let own = postings.iter().any(|p| p.0 == requester);
+                let mut foreign: Vec<TenantKey> = postings
+                    .iter()
+                    .filter(|p| p.0 != requester)
+                    .map(|p| state.tenant_keys[p.0 as usize])
+                    .collect();
+                foreign.sort_unstable();
+                foreign.dedup();
+                result.pii.push((
+                    i,
+                    Owners {
+                        foreign,
+                        own,
+                        tenants: distinct_tenants(postings),
+                    },
+                ));
+            }
+            results.push(result);
         }
         results
     }
@@ -217,10 +289,7 @@ impl MemoryStore {
     /// Drops records older than the window, then the oldest until under the
     /// memory cap.
     fn evict(&self, state: &mut State, now: Instant) {
-        loop {
-            let Some(oldest) = state.records.front() else {
-                break;
-            };
+        while let Some(oldest) = state.records.front() {
             let expired = now.duration_since(oldest.at) > self.shared.window;
             if !expired && state.bytes <= self.shared.max_bytes {
                 break;
@@ -228,22 +297,20 @@ impl MemoryStore {
             let Some(held) = state.records.pop_front() else {
                 break;
             };
-            let mut freed = RECORD_BYTES + held.hashes.len() * HASH_BYTES;
-            for h in held.hashes.iter() {
-                let empty = match state.postings.get_mut(h) {
-                    Some(p) => {
-                        let (f, empty) = p.remove(held.tenant);
-                        freed += f;
-                        empty
+            let id = state.first_id;
+            state.first_id = state.first_id.wrapping_add(1);
+            for fp in held.fps.iter() {
+                state.remove_fp(*fp, (held.tenant, id));
+            }
+            for h in held.pii.iter() {
+                if let Some(v) = state.pii.get_mut(h) {
+                    v.retain(|p| *p != (held.tenant, id));
+                    if v.is_empty() {
+                        state.pii.remove(h);
                     }
-                    None => false,
-                };
-                if empty {
-                    state.postings.remove(h);
-                    freed += POSTING_BYTES;
                 }
             }
-            state.bytes = state.bytes.saturating_sub(freed);
+            state.bytes = state.bytes.saturating_sub(held.bytes);
             state.evictions += 1;
         }
     }
@@ -252,7 +319,7 @@ impl MemoryStore {
         let state = self.lock();
         StoreStats {
             entries: state.records.len() as u64,
-            hashes: state.postings.len() as u64,
+            hashes: (state.fps.len() + state.pii.len()) as u64,
             bytes: state.bytes as u64,
             evictions: state.evictions,
             lookups: state.lookups,
@@ -282,91 +349,132 @@ impl FingerprintStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::ContentKind;
 
-    fn rec(tenant: TenantKey, hashes: &[u64]) -> Record {
+    fn mix(x: u64) -> u64 {
+        let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A "text" of shingles `from..to`, with every 4th as fingerprint.
+    fn rec(tenant: TenantKey, from: u64, to: u64) -> Record {
+        let shingles: Vec<u64> = (from..to).map(mix).collect();
         Record {
             tenant,
-            kind: ContentKind::Prompt,
-            hashes: hashes.to_vec(),
+            kind: None,
+            fingerprints: shingles.iter().copied().step_by(4).collect(),
+            shingles,
+            pii: vec![],
         }
     }
 
-    fn owners_of(store: &MemoryStore, requester: TenantKey, h: u64) -> Option<Owners> {
-        let r = store.lookup_now(&[Lookup {
+    fn query(requester: TenantKey, from: u64, to: u64) -> Lookup {
+        Lookup {
             requester,
-            hashes: vec![h],
-        }]);
-        r[0].hits.first().map(|(_, o)| o.clone())
+            shingles: (from..to).map(mix).collect(),
+            pii: vec![],
+        }
     }
 
     #[test]
-    fn own_and_foreign_owners() {
-        let s = MemoryStore::new(Duration::from_secs(60), 1 << 20);
-        s.record_now(vec![rec(1, &[10, 11]), rec(2, &[11, 12])]);
-        assert_eq!(owners_of(&s, 2, 10).unwrap().foreign, vec![1]);
-        let o = owners_of(&s, 2, 11).unwrap();
-        assert!(o.own);
-        assert_eq!(o.foreign, vec![1]);
-        assert_eq!(o.tenants, 2);
-        assert!(owners_of(&s, 2, 99).is_none());
-        let o = owners_of(&s, 2, 12).unwrap();
-        assert!(o.own && o.foreign.is_empty());
+    fn runs_are_verified_and_extended_through_the_bloom_filter() {
+        let s = MemoryStore::new(Duration::from_secs(60), usize::MAX);
+        s.record_now(vec![rec(1, 0, 100)]);
+        // The answer: 50 unrelated shingles, then 30 of tenant 1's, then more.
+        let mut q = query(2, 10_000, 10_050);
+        q.shingles.extend((40..70).map(mix));
+        q.shingles.extend((20_000..20_020).map(mix));
+        let r = s.lookup_now(&[q]);
+        assert_eq!(r[0].runs.len(), 1, "{:?}", r[0].runs);
+        let run = &r[0].runs[0];
+        assert_eq!((run.tenant, run.first, run.last), (1, 50, 79));
+    }
+
+    #[test]
+    fn own_content_is_not_a_run() {
+        let s = MemoryStore::new(Duration::from_secs(60), usize::MAX);
+        s.record_now(vec![rec(1, 0, 100), rec(2, 0, 100)]);
+        assert!(s.lookup_now(&[query(2, 0, 100)])[0].runs.is_empty());
+        let r = s.lookup_now(&[query(3, 0, 100)]);
+        assert!(r[0].runs.iter().all(|run| run.tenants == 2));
+    }
+
+    #[test]
+    fn pii_owners() {
+        let s = MemoryStore::new(Duration::from_secs(60), usize::MAX);
+        let mut a = rec(1, 0, 10);
+        a.pii = vec![77, 78];
+        let mut b = rec(2, 100, 110);
+        b.pii = vec![78];
+        s.record_now(vec![a, b]);
+        let r = s.lookup_now(&[Lookup {
+            requester: 2,
+            shingles: vec![],
+            pii: vec![77, 78, 79],
+        }]);
+        assert_eq!(r[0].pii.len(), 2);
+        assert_eq!(
+            r[0].pii[0],
+            (
+                0,
+                Owners {
+                    foreign: vec![1],
+                    own: false,
+                    tenants: 1
+                }
+            )
+        );
+        assert_eq!(
+            r[0].pii[1],
+            (
+                1,
+                Owners {
+                    foreign: vec![1],
+                    own: true,
+                    tenants: 2
+                }
+            )
+        );
     }
 
     #[test]
     fn eviction_by_cap_removes_oldest_and_their_postings() {
-        let per_record = RECORD_BYTES + 100 * (HASH_BYTES + POSTING_BYTES);
-        let s = MemoryStore::new(Duration::from_secs(60), per_record * 3);
+        let s = MemoryStore::new(Duration::from_secs(60), 1 << 20);
+        let one = {
+            let probe = MemoryStore::new(Duration::from_secs(60), usize::MAX);
+            probe.record_now(vec![rec(0, 0, 400)]);
+            probe.stats_now().bytes as usize
+        };
+        let s2 = MemoryStore::new(Duration::from_secs(60), one * 3);
+        drop(s);
         for t in 0..10u64 {
-            let hashes: Vec<u64> = (0..100).map(|i| t * 1_000 + i).collect();
-            s.record_now(vec![rec(t, &hashes)]);
+            s2.record_now(vec![rec(t, t * 1_000, t * 1_000 + 400)]);
         }
-        let st = s.stats_now();
-        assert_eq!(st.entries, 3);
+        let st = s2.stats_now();
+        assert_eq!((st.entries, st.evictions), (3, 7));
         assert_eq!(st.hashes, 300);
-        assert_eq!(st.evictions, 7);
-        assert!(st.bytes as usize <= per_record * 3);
-        assert!(owners_of(&s, 99, 5).is_none(), "tenant 0 was evicted");
-        assert!(owners_of(&s, 99, 9_005).is_some());
+        assert!(
+            s2.lookup_now(&[query(99, 0, 400)])[0].runs.is_empty(),
+            "tenant 0 was evicted"
+        );
+        assert_eq!(s2.lookup_now(&[query(99, 9_000, 9_400)])[0].runs.len(), 1);
     }
 
     #[test]
-    fn shared_hashes_survive_until_their_last_owner_goes() {
-        let s = MemoryStore::new(Duration::from_secs(60), usize::MAX);
-        s.record_now(vec![rec(1, &[7]), rec(2, &[7]), rec(1, &[7])]);
-        assert_eq!(owners_of(&s, 3, 7).unwrap().tenants, 2);
-        let mut state = s.lock();
-        // Evict the first record by hand: tenant 1 still owns 7 through the third.
-        let far = Instant::now() + Duration::from_secs(1);
-        let held = state.records.pop_front().unwrap();
-        state.records.push_front(Held {
-            at: far - Duration::from_secs(3_600),
-            ..held
-        });
-        s.evict(&mut state, far);
-        drop(state);
-        let o = owners_of(&s, 3, 7).unwrap();
-        assert_eq!(o.tenants, 2);
-    }
-
-    #[test]
-    fn the_window_expires_records() {
-        let s = MemoryStore::new(Duration::from_millis(1), usize::MAX);
-        s.record_now(vec![rec(1, &[1, 2, 3])]);
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(owners_of(&s, 2, 1).is_none());
+    fn shared_fingerprints_survive_until_their_last_record_goes() {
+        let s = MemoryStore::new(Duration::from_millis(30), usize::MAX);
+        s.record_now(vec![rec(1, 0, 40)]);
+        std::thread::sleep(Duration::from_millis(20));
+        s.record_now(vec![rec(2, 0, 40)]);
+        std::thread::sleep(Duration::from_millis(15));
+        // The first record has expired; tenant 2's copy still answers.
+        let r = s.lookup_now(&[query(3, 0, 40)]);
+        assert_eq!(r[0].runs.len(), 1);
+        assert_eq!(r[0].runs[0].tenant, 2);
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(s.lookup_now(&[query(3, 0, 40)])[0].runs.is_empty());
         let st = s.stats_now();
         assert_eq!((st.entries, st.hashes, st.bytes), (0, 0, 0));
-    }
-
-    #[test]
-    fn duplicate_hashes_in_one_record_count_once() {
-        // Postings hold one count: a single eviction pass frees it entirely.
-        let s = MemoryStore::new(Duration::from_millis(1), usize::MAX);
-        s.record_now(vec![rec(1, &[5, 5, 5])]);
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(owners_of(&s, 2, 5).is_none());
-        assert_eq!(s.stats_now().hashes, 0);
     }
 }

@@ -1,12 +1,20 @@
 //! The fingerprint store: which tenant's content produced which keyed hash,
 //! over a sliding window.
 //!
-//! The store never sees text or tenant ids: only keyed 64-bit hashes of
-//! shingles and PII values, and keyed 64-bit tenant keys. Its interface is
-//! batch-shaped and asynchronous so that a shared implementation (Redis, one
-//! window for every replica) can answer a whole response's lookups in one
-//! round trip; the in-memory implementation answers at once.
+//! The store never sees text or tenant ids: only keyed hashes of shingles
+//! and PII values, and keyed 64-bit tenant keys. Each record keeps
+//! - its winnowed shingle fingerprints, indexed: the candidates;
+//! - a Bloom filter of *all* its shingles: the verifier. A candidate match is
+//!   extended left and right through the query's consecutive shingles while
+//!   the record's filter holds them, so the store reports real shared runs,
+//!   not single k-gram coincidences ("here's an example of");
+//! - its PII value hashes, indexed exactly.
+//!
+//! Its interface is batch-shaped and asynchronous so that a shared
+//! implementation (Redis, one window for every replica) can answer a whole
+//! response in one round trip; the in-memory implementation answers at once.
 
+pub mod bloom;
 pub mod memory;
 
 use futures_util::future::BoxFuture;
@@ -23,46 +31,67 @@ pub enum ContentKind {
 }
 
 /// One piece of a tenant's content to remember.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Record {
     pub tenant: TenantKey,
-    pub kind: ContentKind,
-    /// Winnowed shingle hashes and PII value hashes (already domain-separated
-    /// by the caller, so one namespace serves both).
-    pub hashes: Vec<u64>,
+    pub kind: Option<ContentKind>,
+    /// Winnowed shingle hashes (indexed).
+    pub fingerprints: Vec<u64>,
+    /// Every shingle hash (kept only in the record's Bloom filter).
+    pub shingles: Vec<u64>,
+    /// PII value hashes (indexed exactly).
+    pub pii: Vec<u64>,
 }
 
-/// Who owns the hashes of one response.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One answer to check.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lookup {
     pub requester: TenantKey,
-    pub hashes: Vec<u64>,
+    /// Every shingle hash of the answer, in order.
+    pub shingles: Vec<u64>,
+    pub pii: Vec<u64>,
 }
 
-/// What the store knows of one queried hash.
+/// Who owns one queried PII value.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Owners {
-    /// Tenants other than the requester whose content produced this hash.
+    /// Tenants other than the requester whose content held it.
     pub foreign: Vec<TenantKey>,
-    /// The requester's own content produced it too: not evidence.
+    /// The requester's own content held it too: not evidence.
     pub own: bool,
-    /// Distinct tenants (the requester included) in the window: boilerplate
-    /// when many.
+    /// Distinct tenants (the requester included) inside the window.
     pub tenants: u32,
 }
 
-/// The answer to one [`Lookup`]: only the hashes someone owns, as
-/// `(index into Lookup::hashes, owners)`, in index order.
+/// A run of the answer's consecutive shingles that one other tenant's
+/// record holds too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunHit {
+    pub tenant: TenantKey,
+    /// Shingle indices into `Lookup::shingles`, inclusive.
+    pub first: usize,
+    pub last: usize,
+    /// Distinct tenants whose content holds the run's seed fingerprint:
+    /// boilerplate when many.
+    pub tenants: u32,
+    /// Whether the matching record was a prompt or an answer.
+    pub kind: Option<ContentKind>,
+}
+
+/// The answer to one [`Lookup`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LookupResult {
-    pub hits: Vec<(usize, Owners)>,
+    /// Foreign runs, none of whose seed fingerprints the requester owns.
+    pub runs: Vec<RunHit>,
+    /// `(index into Lookup::pii, owners)` for values someone owns.
+    pub pii: Vec<(usize, Owners)>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreStats {
     /// Records held.
     pub entries: u64,
-    /// Distinct hashes held.
+    /// Indexed hashes held (fingerprints and PII values).
     pub hashes: u64,
     /// Approximate bytes held.
     pub bytes: u64,

@@ -30,7 +30,10 @@ fn scripted() -> impl Fn(&support::Received) -> Reply + Send + Sync + 'static {
                 .chunks(3)
                 .map(|c| {
                     let delta: String = c.iter().collect();
-                    Bytes::from(format!("data: {}\n\n", serde_json::json!({"choices": [{"index": 0, "delta": {"content": delta}}]})))
+                    Bytes::from(format!(
+                        "data: {}\n\n",
+                        serde_json::json!({"choices": [{"index": 0, "delta": {"content": delta}}]})
+                    ))
                 })
                 .collect();
             chunks.push(Bytes::from("data: [DONE]\n\n"));
@@ -52,7 +55,13 @@ async fn setup() -> (FakeUpstream, residue::Running, support::Recorder) {
 
 /// Asks as `tenant`; the prompt is `user`, and the scripted answer whatever
 /// follows `ANSWER:` in it (which is cut from the prompt itself).
-async fn ask(residue: &residue::Running, tenant: &str, system: Option<&str>, user: &str, stream: bool) -> Bytes {
+async fn ask(
+    residue: &residue::Running,
+    tenant: &str,
+    system: Option<&str>,
+    user: &str,
+    stream: bool,
+) -> Bytes {
     let (user, answer) = match user.split_once("ANSWER:") {
         Some((u, a)) => (u.trim(), Some(a.trim())),
         None => (user, None),
@@ -63,16 +72,23 @@ async fn ask(residue: &residue::Running, tenant: &str, system: Option<&str>, use
         messages.push(serde_json::json!({"role": "system", "content": s}));
     }
     messages.push(serde_json::json!({"role": "user", "content": user}));
-    let body = serde_json::json!({"model": "m", "stream": stream, "messages": messages}).to_string();
+    let body =
+        serde_json::json!({"model": "m", "stream": stream, "messages": messages}).to_string();
     let mut headers = vec![("x-tenant-id", tenant)];
     if let Some(h) = &answer_hex {
         headers.push(("x-test-answer", h.as_str()));
     }
-    call(residue.addr, "/v1/chat/completions", &headers, &body).await.2
+    call(residue.addr, "/v1/chat/completions", &headers, &body)
+        .await
+        .2
 }
 
 /// Incidents reported until `n` exchanges were scanned.
-async fn incidents_after(recorder: &support::Recorder, live: &mut tokio::sync::broadcast::Receiver<Arc<Incident>>, n: usize) -> Vec<Arc<Incident>> {
+async fn incidents_after(
+    recorder: &support::Recorder,
+    live: &mut tokio::sync::broadcast::Receiver<Arc<Incident>>,
+    n: usize,
+) -> Vec<Arc<Incident>> {
     recorder.wait_for(n).await;
     let mut out = Vec::new();
     while let Ok(i) = live.try_recv() {
@@ -87,28 +103,61 @@ const A_SECRET: &str = "Our merger with Halvorsen Maritime closes on the ninth o
 async fn a_fifteen_word_fragment_of_another_tenants_prompt_is_caught_and_names_the_source() {
     let (_up, residue, recorder) = setup().await;
     let mut live = residue.incidents.subscribe();
-    ask(&residue, "tenant-a", None, &format!("Summarise this for me: {A_SECRET}"), false).await;
+    ask(
+        &residue,
+        "tenant-a",
+        None,
+        &format!("Summarise this for me: {A_SECRET}"),
+        false,
+    )
+    .await;
     // 15 words of A's prompt, spliced into an otherwise fine answer for B.
-    let fragment = "with Halvorsen Maritime closes on the ninth of March and the purchase price stays at";
+    let fragment =
+        "with Halvorsen Maritime closes on the ninth of March and the purchase price stays at";
     assert_eq!(fragment.split_whitespace().count(), 15);
-    let answer = format!("Sure, here is a cake recipe. Note: {fragment}. Preheat the oven to 180 degrees.");
-    let body = ask(&residue, "tenant-b", None, &format!("How do I bake a cake? ANSWER: {answer}"), false).await;
+    let answer =
+        format!("Sure, here is a cake recipe. Note: {fragment}. Preheat the oven to 180 degrees.");
+    let body = ask(
+        &residue,
+        "tenant-b",
+        None,
+        &format!("How do I bake a cake? ANSWER: {answer}"),
+        false,
+    )
+    .await;
     // Monitor mode: the answer goes out untouched.
     assert!(String::from_utf8_lossy(&body).contains(fragment));
     let incidents = incidents_after(&recorder, &mut live, 2).await;
-    let ngram: Vec<_> = incidents.iter().filter(|i| i.detector == "cross_tenant_ngram").collect();
+    let ngram: Vec<_> = incidents
+        .iter()
+        .filter(|i| i.detector == "cross_tenant_ngram")
+        .collect();
     assert_eq!(ngram.len(), 1, "{incidents:#?}");
     let i = ngram[0];
     assert_eq!(i.tenant, "tenant-b");
     assert_eq!(i.evidence["source_tenant"], "tenant-a");
     // At least one whole shingle (k = 4 words) of the fragment matched.
-    assert!(i.evidence["longest_run_tokens"].as_u64().unwrap() >= 4, "{}", i.evidence);
+    assert!(
+        i.evidence["longest_run_tokens"].as_u64().unwrap() >= 4,
+        "{}",
+        i.evidence
+    );
     // Offsets point into the answer text at the fragment.
-    let [start, end] = [i.evidence["offsets"][0][0].as_u64().unwrap() as usize, i.evidence["offsets"][0][1].as_u64().unwrap() as usize];
-    assert!(answer[start..end].len() >= 20 && fragment.contains(&answer[start..end]), "{:?}", &answer[start..end]);
+    let [start, end] = [
+        i.evidence["offsets"][0][0].as_u64().unwrap() as usize,
+        i.evidence["offsets"][0][1].as_u64().unwrap() as usize,
+    ];
+    assert!(
+        answer[start..end].len() >= 20 && fragment.contains(&answer[start..end]),
+        "{:?}",
+        &answer[start..end]
+    );
     // No raw text in the incident.
     let json = serde_json::to_string(&**i).unwrap();
-    assert!(!json.contains("Halvorsen") && !json.contains("Maritime"), "{json}");
+    assert!(
+        !json.contains("Halvorsen") && !json.contains("Maritime"),
+        "{json}"
+    );
     residue.shutdown().await.unwrap();
 }
 
@@ -116,11 +165,32 @@ async fn a_fifteen_word_fragment_of_another_tenants_prompt_is_caught_and_names_t
 async fn quoting_your_own_prompt_is_not_a_leak() {
     let (_up, residue, recorder) = setup().await;
     let mut live = residue.incidents.subscribe();
-    ask(&residue, "tenant-a", None, "Tell me about lighthouses.", false).await;
+    ask(
+        &residue,
+        "tenant-a",
+        None,
+        "Tell me about lighthouses.",
+        false,
+    )
+    .await;
     let quote = format!("As you wrote: {A_SECRET}");
-    ask(&residue, "tenant-b", None, &format!("Check my text: {A_SECRET} ANSWER: {quote}"), false).await;
+    ask(
+        &residue,
+        "tenant-b",
+        None,
+        &format!("Check my text: {A_SECRET} ANSWER: {quote}"),
+        false,
+    )
+    .await;
     // And again later: B's own answer, recorded as B's content, is B's too.
-    ask(&residue, "tenant-b", None, &format!("Repeat that. ANSWER: {quote}"), false).await;
+    ask(
+        &residue,
+        "tenant-b",
+        None,
+        &format!("Repeat that. ANSWER: {quote}"),
+        false,
+    )
+    .await;
     let incidents = incidents_after(&recorder, &mut live, 3).await;
     assert!(incidents.is_empty(), "{incidents:#?}");
     residue.shutdown().await.unwrap();
@@ -131,9 +201,23 @@ async fn a_system_prompt_two_tenants_share_is_not_a_leak() {
     let (_up, residue, recorder) = setup().await;
     let mut live = residue.incidents.subscribe();
     let system = "You are Orbit, the support assistant of Northwind Logistics. Always answer politely, cite the shipping policy section, and never promise delivery dates you cannot check.";
-    ask(&residue, "tenant-a", Some(system), "Where is my parcel?", false).await;
+    ask(
+        &residue,
+        "tenant-a",
+        Some(system),
+        "Where is my parcel?",
+        false,
+    )
+    .await;
     let echo = format!("My instructions say: {system}");
-    ask(&residue, "tenant-b", Some(system), &format!("What are your instructions? ANSWER: {echo}"), false).await;
+    ask(
+        &residue,
+        "tenant-b",
+        Some(system),
+        &format!("What are your instructions? ANSWER: {echo}"),
+        false,
+    )
+    .await;
     let incidents = incidents_after(&recorder, &mut live, 2).await;
     assert!(incidents.is_empty(), "{incidents:#?}");
     residue.shutdown().await.unwrap();
@@ -148,7 +232,14 @@ async fn boilerplate_many_tenants_share_is_discounted() {
         ask(&residue, t, None, &format!("{template} Topic: tea."), false).await;
     }
     // A fourth tenant's answer echoing the template is not evidence against any of them.
-    ask(&residue, "t4", None, &format!("Topic: coffee. ANSWER: OK. {template}"), false).await;
+    ask(
+        &residue,
+        "t4",
+        None,
+        &format!("Topic: coffee. ANSWER: OK. {template}"),
+        false,
+    )
+    .await;
     let incidents = incidents_after(&recorder, &mut live, 4).await;
     assert!(incidents.is_empty(), "{incidents:#?}");
     residue.shutdown().await.unwrap();
@@ -163,10 +254,24 @@ async fn chinese_fragments_are_caught_and_chinese_own_content_is_not() {
     // 24 characters of A's prompt in B's answer.
     let fragment = "甲方北京星河科技有限公司同意在二零二七年三月前向乙方支付";
     assert!(fragment.chars().count() >= 20);
-    ask(&residue, "tenant-b", None, &format!("今天天气怎么样？ANSWER: 今天晴。{fragment}。"), false).await;
+    ask(
+        &residue,
+        "tenant-b",
+        None,
+        &format!("今天天气怎么样？ANSWER: 今天晴。{fragment}。"),
+        false,
+    )
+    .await;
     // C quotes its own Chinese prompt.
     let c_prompt = "上海的东方明珠电视塔建于一九九一年，高四百六十八米，是城市的标志性建筑之一。";
-    ask(&residue, "tenant-c", None, &format!("{c_prompt} ANSWER: 您说：{c_prompt}"), false).await;
+    ask(
+        &residue,
+        "tenant-c",
+        None,
+        &format!("{c_prompt} ANSWER: 您说：{c_prompt}"),
+        false,
+    )
+    .await;
     let incidents = incidents_after(&recorder, &mut live, 3).await;
     assert_eq!(incidents.len(), 1, "{incidents:#?}");
     assert_eq!(incidents[0].detector, "cross_tenant_ngram");
@@ -184,20 +289,47 @@ async fn another_tenants_pii_is_critical_own_pii_is_fine() {
     ask(&residue, "tenant-a", None, a, false).await;
     // B gets A's values, written differently.
     let leaked = "Contact JANE.DOE@halvorsen.example or +44 20 7946 0958; card 4111-1111-1111-1111; ID 11010519491231002X.";
-    ask(&residue, "tenant-b", None, &format!("Hi ANSWER: {leaked}"), false).await;
+    ask(
+        &residue,
+        "tenant-b",
+        None,
+        &format!("Hi ANSWER: {leaked}"),
+        false,
+    )
+    .await;
     // A gets its own values back: fine.
-    ask(&residue, "tenant-a", None, "What is my email? ANSWER: Your email is jane.doe@halvorsen.example.", false).await;
+    ask(
+        &residue,
+        "tenant-a",
+        None,
+        "What is my email? ANSWER: Your email is jane.doe@halvorsen.example.",
+        false,
+    )
+    .await;
     let incidents = incidents_after(&recorder, &mut live, 3).await;
-    let pii: Vec<_> = incidents.iter().filter(|i| i.detector == "cross_tenant_pii").collect();
-    let mut kinds: Vec<&str> = pii.iter().map(|i| i.evidence["kind"].as_str().unwrap()).collect();
+    let pii: Vec<_> = incidents
+        .iter()
+        .filter(|i| i.detector == "cross_tenant_pii")
+        .collect();
+    let mut kinds: Vec<&str> = pii
+        .iter()
+        .map(|i| i.evidence["kind"].as_str().unwrap())
+        .collect();
     kinds.sort();
-    assert_eq!(kinds, vec!["card_number", "email", "national_id", "phone"], "{incidents:#?}");
+    assert_eq!(
+        kinds,
+        vec!["card_number", "email", "national_id", "phone"],
+        "{incidents:#?}"
+    );
     for i in &pii {
         assert_eq!(i.tenant, "tenant-b");
         assert_eq!(i.severity.as_str(), "critical");
         assert_eq!(i.evidence["source_tenants"][0], "tenant-a");
         let json = serde_json::to_string(&***i).unwrap();
-        assert!(!json.contains("4111") && !json.contains("jane"), "raw value in incident: {json}");
+        assert!(
+            !json.contains("4111") && !json.contains("jane"),
+            "raw value in incident: {json}"
+        );
     }
     residue.shutdown().await.unwrap();
 }
@@ -206,9 +338,23 @@ async fn another_tenants_pii_is_critical_own_pii_is_fine() {
 async fn a_fragment_and_a_card_number_split_across_sse_events_are_still_caught() {
     let (_up, residue, recorder) = setup().await;
     let mut live = residue.incidents.subscribe();
-    ask(&residue, "tenant-a", None, &format!("{A_SECRET} Charge card 5500 0055 5555 5559."), false).await;
+    ask(
+        &residue,
+        "tenant-a",
+        None,
+        &format!("{A_SECRET} Charge card 5500 0055 5555 5559."),
+        false,
+    )
+    .await;
     let fragment = "the ninth of March and the purchase price stays at four hundred million kroner";
-    ask(&residue, "tenant-b", None, &format!("Hello ANSWER: Fine. {fragment}. Pay with 5500 0055 5555 5559 today."), true).await;
+    ask(
+        &residue,
+        "tenant-b",
+        None,
+        &format!("Hello ANSWER: Fine. {fragment}. Pay with 5500 0055 5555 5559 today."),
+        true,
+    )
+    .await;
     let incidents = incidents_after(&recorder, &mut live, 2).await;
     let detectors: Vec<&str> = incidents.iter().map(|i| i.detector).collect();
     assert!(detectors.contains(&"cross_tenant_ngram"), "{incidents:#?}");
@@ -223,17 +369,41 @@ async fn canaries_fire_for_everyone_but_their_owner() {
     config.tenant.trust_header = true;
     config.incidents.raw_tenant = true;
     config.detect.canary = vec![
-        residue::detect::canary::CanaryConfig { value: "HONEY-7f3a-acme".into(), tenant: Some("acme".into()) },
-        residue::detect::canary::CanaryConfig { value: "RESIDUE-CANARY-0042".into(), tenant: None },
+        residue::detect::canary::CanaryConfig {
+            value: "HONEY-7f3a-acme".into(),
+            tenant: Some("acme".into()),
+        },
+        residue::detect::canary::CanaryConfig {
+            value: "RESIDUE-CANARY-0042".into(),
+            tenant: None,
+        },
     ];
     let (residue, recorder) = support::start(config).await;
     let mut live = residue.incidents.subscribe();
-    ask(&residue, "acme", None, "x ANSWER: your token HONEY-7f3a-acme", false).await;
-    ask(&residue, "globex", None, "x ANSWER: found HONEY-7f3a-acme and RESIDUE-CANARY-0042", false).await;
+    ask(
+        &residue,
+        "acme",
+        None,
+        "x ANSWER: your token HONEY-7f3a-acme",
+        false,
+    )
+    .await;
+    ask(
+        &residue,
+        "globex",
+        None,
+        "x ANSWER: found HONEY-7f3a-acme and RESIDUE-CANARY-0042",
+        false,
+    )
+    .await;
     let incidents = incidents_after(&recorder, &mut live, 2).await;
     assert_eq!(incidents.len(), 2, "{incidents:#?}");
-    assert!(incidents.iter().all(|i| i.detector == "canary" && i.tenant == "globex"));
-    assert!(!serde_json::to_string(&*incidents[0]).unwrap().contains("HONEY"));
+    assert!(incidents
+        .iter()
+        .all(|i| i.detector == "canary" && i.tenant == "globex"));
+    assert!(!serde_json::to_string(&*incidents[0])
+        .unwrap()
+        .contains("HONEY"));
     residue.shutdown().await.unwrap();
 }
 

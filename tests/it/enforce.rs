@@ -41,7 +41,10 @@ fn config(upstream: &FakeUpstream, action: Action) -> residue::Config {
     let mut c = support::config(&upstream.url());
     c.tenant.trust_header = true;
     c.incidents.raw_tenant = true;
-    c.action.tenants = vec![TenantAction { tenant: "tenant-b".into(), action }];
+    c.action.tenants = vec![TenantAction {
+        tenant: "tenant-b".into(),
+        action,
+    }];
     c
 }
 
@@ -55,28 +58,61 @@ async fn block_replaces_a_leaking_answer_with_an_error() {
     let up = upstream(answer).await;
     let (residue, recorder) = support::start(config(&up, Action::Block)).await;
     let mut live = residue.incidents.subscribe();
-    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-a")], &chat(false, A_PROMPT)).await;
+    call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-a")],
+        &chat(false, A_PROMPT),
+    )
+    .await;
     recorder.wait_for(1).await;
-    let (status, headers, body) = call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(false, "Bread?")).await;
+    let (status, headers, body) = call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-b")],
+        &chat(false, "Bread?"),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(headers["x-residue-error"], "answer_blocked");
     let text = String::from_utf8_lossy(&body);
-    assert!(!text.contains("Halvorsen") && !text.contains("kroner"), "{text}");
+    assert!(
+        !text.contains("Halvorsen") && !text.contains("kroner"),
+        "{text}"
+    );
     let err: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert!(err["error"]["message"].as_str().unwrap().contains("cross_tenant_ngram"), "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("cross_tenant_ngram"),
+        "{err}"
+    );
     let incident = live.recv().await.unwrap();
     assert_eq!(incident.action, "block");
-    assert!(err["error"]["message"].as_str().unwrap().contains(&incident.id));
+    assert!(err["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains(&incident.id));
     residue.shutdown().await.unwrap();
 }
 
 #[tokio::test]
 async fn block_cuts_a_leaking_stream_before_any_leaked_byte_is_sent() {
-    let answer = format!("{}Also, {FRAGMENT}. And some more text after it.", lead_in());
+    let answer = format!(
+        "{}Also, {FRAGMENT}. And some more text after it.",
+        lead_in()
+    );
     let up = upstream(answer.clone()).await;
     let (residue, recorder) = support::start(config(&up, Action::Block)).await;
     let mut live = residue.incidents.subscribe();
-    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-a")], &chat(false, A_PROMPT)).await;
+    call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-a")],
+        &chat(false, A_PROMPT),
+    )
+    .await;
     recorder.wait_for(1).await;
 
     let req = http::Request::post(format!("http://{}/v1/chat/completions", residue.addr))
@@ -94,7 +130,11 @@ async fn block_cuts_a_leaking_stream_before_any_leaked_byte_is_sent() {
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
         .collect();
     assert!(text.starts_with("Thanks for your question"), "{text}");
     for word in ["Halvorsen", "Maritime", "merger", "kroner"] {
@@ -104,7 +144,10 @@ async fn block_cuts_a_leaking_stream_before_any_leaked_byte_is_sent() {
     let last = got.trim_end().rsplit("data: ").next().unwrap();
     let err: serde_json::Value = serde_json::from_str(last).unwrap();
     assert_eq!(err["error"]["type"], "cross_tenant_leak");
-    assert!(!got.contains("[DONE]"), "a cut stream must not look complete");
+    assert!(
+        !got.contains("[DONE]"),
+        "a cut stream must not look complete"
+    );
     let incident = live.recv().await.unwrap();
     assert_eq!(incident.action, "block");
     assert_eq!(incident.detector, "cross_tenant_ngram");
@@ -116,10 +159,28 @@ async fn clean_answers_pass_block_mode_unchanged() {
     let answer = lead_in();
     let up = upstream(answer.clone()).await;
     let (residue, _) = support::start(config(&up, Action::Block)).await;
-    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-a")], &chat(false, A_PROMPT)).await;
+    call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-a")],
+        &chat(false, A_PROMPT),
+    )
+    .await;
     for stream in [false, true] {
-        let direct = call(up.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(stream, "Bread?")).await;
-        let proxied = call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(stream, "Bread?")).await;
+        let direct = call(
+            up.addr,
+            "/v1/chat/completions",
+            &[("x-tenant-id", "tenant-b")],
+            &chat(stream, "Bread?"),
+        )
+        .await;
+        let proxied = call(
+            residue.addr,
+            "/v1/chat/completions",
+            &[("x-tenant-id", "tenant-b")],
+            &chat(stream, "Bread?"),
+        )
+        .await;
         assert_eq!(proxied.0, StatusCode::OK);
         assert_eq!(proxied.2, direct.2, "stream={stream}");
     }
@@ -132,13 +193,28 @@ async fn redact_masks_exactly_the_span() {
     let up = upstream(answer.clone()).await;
     let (residue, recorder) = support::start(config(&up, Action::Redact)).await;
     let mut live = residue.incidents.subscribe();
-    call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-a")], &chat(false, A_PROMPT)).await;
+    call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-a")],
+        &chat(false, A_PROMPT),
+    )
+    .await;
     recorder.wait_for(1).await;
-    let (status, _, body) = call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(false, "Who?")).await;
+    let (status, _, body) = call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-b")],
+        &chat(false, "Who?"),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let masked = "*".repeat("jane.doe@halvorsen.example".len());
-    assert_eq!(v["choices"][0]["message"]["content"], format!("You can write to {masked} for details."));
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        format!("You can write to {masked} for details.")
+    );
     let incident = live.recv().await.unwrap();
     assert_eq!(incident.action, "redact");
     assert_eq!(incident.detector, "cross_tenant_pii");
@@ -154,10 +230,35 @@ async fn answers_too_large_to_hold_fail_open_or_closed_as_configured() {
         c.observe.max_response_bytes = 64;
         c.action.fail_closed = fail_closed;
         let (residue, _) = support::start(c).await;
-        let (status, _, _) = call(residue.addr, "/v1/chat/completions", &[("x-tenant-id", "tenant-b")], &chat(false, "Bread?")).await;
-        let outcome = if fail_closed { "fail_closed" } else { "fail_open" };
-        assert_eq!(status, if fail_closed { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK });
-        assert_eq!(support::metric(residue.admin_addr, "residue_enforced_total", &[("outcome", outcome)]).await, 1.0);
+        let (status, _, _) = call(
+            residue.addr,
+            "/v1/chat/completions",
+            &[("x-tenant-id", "tenant-b")],
+            &chat(false, "Bread?"),
+        )
+        .await;
+        let outcome = if fail_closed {
+            "fail_closed"
+        } else {
+            "fail_open"
+        };
+        assert_eq!(
+            status,
+            if fail_closed {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
+            }
+        );
+        assert_eq!(
+            support::metric(
+                residue.admin_addr,
+                "residue_enforced_total",
+                &[("outcome", outcome)]
+            )
+            .await,
+            1.0
+        );
         residue.shutdown().await.unwrap();
     }
 }
