@@ -1,8 +1,9 @@
-//! residue's added latency: the same fast upstream called directly and
-//! through residue, in one run, at a fixed request rate (open loop), in
-//! alternating one-second slices so both see the same machine noise.
+//! residue's added latency: the same fast upstream called directly, through
+//! a bare residue (no detectors), and through residue in monitor mode with
+//! every detector on, in one run, at a fixed request rate (open loop), in
+//! rotating one-second slices so all three see the same machine noise.
 //!
-//! `cargo bench --bench proxy_latency` (env: RATE=1000 req/s, SECONDS=20,
+//! `cargo bench --bench proxy_latency` (env: RATE=1000 req/s, SECONDS=30,
 //! ANSWER_BYTES=1024). Latency is measured from each request's *scheduled*
 //! send time, so queueing is not hidden (no coordinated omission). Results
 //! also go to `target/bench-proxy-latency.json`.
@@ -10,7 +11,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -85,11 +86,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn main() {
     let rate = env("RATE", 1000);
-    let seconds = env("SECONDS", 20);
+    let seconds = env("SECONDS", 30);
     let answer_bytes = env("ANSWER_BYTES", 1024) as usize;
     let upstream = start_upstream(answer(answer_bytes));
 
-    // residue, as `residue serve` runs it: its own multi-threaded runtime.
+    // residue, as `residue serve` runs it (its own multi-threaded runtime),
+    // twice: bare, and in monitor mode with every detector on.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -97,34 +99,52 @@ fn main() {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let mut config = residue::Config::default();
-            config.server.listen = "127.0.0.1:0".parse().unwrap();
-            config.server.admin_listen = "127.0.0.1:0".parse().unwrap();
-            config.upstream.url = format!("http://{upstream}");
-            config.incidents.path = None;
-            let running = residue::Residue::bind(config).await.unwrap().spawn();
-            tx.send((running.addr, running.metrics.clone())).unwrap();
+            let mut running = Vec::new();
+            // Dropping a `Running` shuts it down: keep them.
+            let mut keep = Vec::new();
+            for bare in [true, false] {
+                let mut config = residue::Config::default();
+                config.server.listen = "127.0.0.1:0".parse().unwrap();
+                config.server.admin_listen = "127.0.0.1:0".parse().unwrap();
+                config.upstream.url = format!("http://{upstream}");
+                config.incidents.path = None;
+                if bare {
+                    config.accounting.enabled = false;
+                    config.detect.ngram = false;
+                    config.detect.pii = false;
+                } else {
+                    config.detect.canary = vec![residue::detect::canary::CanaryConfig {
+                        value: "RESIDUE-CANARY-7f3a91".into(),
+                        tenant: None,
+                    }];
+                }
+                let r = residue::Residue::bind(config).await.unwrap().spawn();
+                running.push((r.addr, r.metrics.clone()));
+                keep.push(r);
+            }
+            tx.send(running).unwrap();
             std::future::pending::<()>().await;
         });
     });
-    let (proxy, metrics) = rx.recv().unwrap();
+    let running = rx.recv().unwrap();
+    let metrics = running[1].1.clone();
+    let targets = [upstream, running[0].0, running[1].0];
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let results = rt.block_on(async move {
+    let (all, errors) = rt.block_on(async move {
         let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(256)
             .build_http();
         let prompt = Bytes::from_static(
             br#"{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write a short paragraph about foxes and dogs."}]}"#,
         );
-        let direct: Arc<Mutex<Vec<f64>>> = Arc::default();
-        let proxied: Arc<Mutex<Vec<f64>>> = Arc::default();
+        let sinks: Vec<Arc<Mutex<Vec<f64>>>> = (0..3).map(|_| Arc::default()).collect();
         let errors: Arc<Mutex<u64>> = Arc::default();
-        // Warm up both paths (connections, pools, page faults).
-        for target in [upstream, proxy] {
+        // Warm up every path (connections, pools, page faults).
+        for target in targets {
             for _ in 0..200 {
                 let req = Request::post(format!("http://{target}/v1/chat/completions"))
                     .header("content-type", "application/json")
@@ -141,10 +161,9 @@ fn main() {
         for i in 0..total {
             let scheduled = start + interval * i as u32;
             tokio::time::sleep_until(scheduled).await;
-            // One-second slices, alternating direct and proxied.
-            let through_residue = (i / rate) % 2 == 1;
-            let target = if through_residue { proxy } else { upstream };
-            let sink = if through_residue { proxied.clone() } else { direct.clone() };
+            // One-second slices, rotating direct → bare → full.
+            let slot = ((i / rate) % 3) as usize;
+            let (target, sink) = (targets[slot], sinks[slot].clone());
             let (client, prompt, errors) = (client.clone(), prompt.clone(), errors.clone());
             tasks.push(tokio::spawn(async move {
                 let req = Request::post(format!("http://{target}/v1/chat/completions"))
@@ -157,8 +176,7 @@ fn main() {
                     Err(_) => false,
                 };
                 if ok {
-                    let us = scheduled.elapsed().as_secs_f64() * 1e6;
-                    sink.lock().unwrap().push(us);
+                    sink.lock().unwrap().push(scheduled.elapsed().as_secs_f64() * 1e6);
                 } else {
                     *errors.lock().unwrap() += 1;
                 }
@@ -167,48 +185,54 @@ fn main() {
         for t in tasks {
             let _ = t.await;
         }
-        let mut d = direct.lock().unwrap().clone();
-        let mut p = proxied.lock().unwrap().clone();
-        d.sort_by(|a, b| a.total_cmp(b));
-        p.sort_by(|a, b| a.total_cmp(b));
+        let mut all: Vec<Vec<f64>> = sinks.iter().map(|s| s.lock().unwrap().clone()).collect();
+        for v in &mut all {
+            v.sort_by(|a, b| a.total_cmp(b));
+        }
         let errors = *errors.lock().unwrap();
-        (d, p, errors)
+        (all, errors)
     });
-    let (d, p, errors) = results;
+    let (d, b, f) = (&all[0], &all[1], &all[2]);
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
     println!(
-        "proxy_latency: {rate} req/s, {seconds} s (alternating 1 s slices), {answer_bytes}-byte JSON answers, {cpus} CPUs, {errors} errors"
+        "proxy_latency: {rate} req/s, {seconds} s (rotating 1 s slices), {answer_bytes}-byte JSON answers, {cpus} CPUs, {errors} errors"
     );
     println!(
-        "{:>8} {:>12} {:>12} {:>12}",
-        "pct", "direct µs", "residue µs", "added µs"
+        "{:>8} {:>10} {:>10} {:>10} {:>11} {:>11} {:>14}",
+        "pct", "direct µs", "bare µs", "full µs", "bare added", "full added", "detectors add"
     );
     let mut rows = Vec::new();
     for pct in [50.0, 90.0, 99.0, 99.9] {
-        let (a, b) = (percentile(&d, pct), percentile(&p, pct));
+        let (x, y, z) = (percentile(d, pct), percentile(b, pct), percentile(f, pct));
         println!(
-            "{:>8} {:>12.0} {:>12.0} {:>12.0}",
+            "{:>8} {:>10.0} {:>10.0} {:>10.0} {:>11.0} {:>11.0} {:>14.0}",
             format!("p{pct}"),
-            a,
-            b,
-            b - a
+            x,
+            y,
+            z,
+            y - x,
+            z - x,
+            z - y
         );
-        rows.push(serde_json::json!({"percentile": pct, "direct_us": a, "residue_us": b, "added_us": b - a}));
+        rows.push(serde_json::json!({
+            "percentile": pct, "direct_us": x, "bare_us": y, "full_us": z,
+            "bare_added_us": y - x, "full_added_us": z - x,
+        }));
     }
     let scanned = metrics.scanned.with_label_values(&["openai"]).get();
     println!(
-        "requests: direct {}, through residue {} (scanned {scanned})",
+        "requests: direct {}, bare {}, full {} (full scanned {scanned})",
         d.len(),
-        p.len()
+        b.len(),
+        f.len()
     );
     let report = serde_json::json!({
-        "rate": rate, "seconds": seconds, "answer_bytes": answer_bytes, "cpus": cpus,
-        "errors": errors, "direct": d.len(), "residue": p.len(), "scanned": scanned, "percentiles": rows,
+        "rate": rate, "seconds": seconds, "answer_bytes": answer_bytes, "cpus": cpus, "errors": errors,
+        "direct": d.len(), "bare": b.len(), "full": f.len(), "scanned": scanned, "percentiles": rows,
     });
     let out =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-proxy-latency.json");
     let _ = std::fs::write(&out, serde_json::to_vec_pretty(&report).unwrap());
-    let _ = Instant::now();
 }

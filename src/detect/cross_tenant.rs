@@ -86,6 +86,13 @@ pub fn tenant_key(key: &HashKey, id: &str) -> TenantKey {
     u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
 }
 
+/// Whether a match's value can belong to one tenant. Keyword markers
+/// ("INTERNAL USE ONLY") are the same text for everyone: counted, never
+/// cross-tenant evidence on their own.
+fn tenant_specific(m: &PiiMatch) -> bool {
+    m.kind != crate::rules::PiiKind::Keyword
+}
+
 fn pii_hash(key: &HashKey, m: &PiiMatch) -> u64 {
     let h = key.hash(m.kind.as_str(), m.canonical.as_bytes());
     u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
@@ -163,7 +170,11 @@ impl CrossTenant {
         into.shingles.extend(shingles.iter().map(|s| s.hash));
         let mut pii = Vec::new();
         self.rules().find(text, &mut pii);
-        into.pii.extend(pii.iter().map(|m| pii_hash(&self.key, m)));
+        into.pii.extend(
+            pii.iter()
+                .filter(|m| tenant_specific(m))
+                .map(|m| pii_hash(&self.key, m)),
+        );
     }
 
     /// Records a tenant's prompt. Called when the request arrives, so that a
@@ -240,6 +251,13 @@ impl CrossTenant {
         let mut pii = Vec::new();
         if self.settings.pii {
             self.rules().find(text, &mut pii);
+            for m in pii.iter().filter(|m| !tenant_specific(m)) {
+                self.metrics
+                    .pii_seen
+                    .with_label_values(&[m.kind.as_str(), "nobody"])
+                    .inc();
+            }
+            pii.retain(tenant_specific);
         }
         if shingles.is_empty() && pii.is_empty() {
             return findings;
@@ -299,6 +317,7 @@ impl CrossTenant {
                 });
             }
         }
+        let mut leaked_pii: Vec<u64> = Vec::new();
         for (m, owners) in pii.iter().zip(pii_owner) {
             let owner = match &owners {
                 None => "nobody",
@@ -310,6 +329,7 @@ impl CrossTenant {
                 .with_label_values(&[m.kind.as_str(), owner])
                 .inc();
             if let Some(foreign) = owners.filter(|o| !o.is_empty()) {
+                leaked_pii.push(pii_hash(&self.key, m));
                 let sources: Vec<String> = foreign.iter().map(|t| self.show_tenant(*t)).collect();
                 findings.push(Finding {
                     detector: PII,
@@ -334,7 +354,8 @@ impl CrossTenant {
         // Answers are the tenant's content too, flagged or not: a phrase many
         // tenants' answers share must be able to become boilerplate. (A leaked
         // fragment thus also counts as the recipient's from now on; a second
-        // leak of it still names the first owner.)
+        // leak of it still names the first owner.) Leaked PII values are the
+        // exception: they stay their owner's alone.
         if record_if_clean && self.settings.record_answers {
             let mut kept = Vec::new();
             self.fp.winnow(&shingles, &mut kept);
@@ -343,7 +364,11 @@ impl CrossTenant {
                 kind: Some(ContentKind::Answer),
                 fingerprints: kept.iter().map(|s| s.hash).collect(),
                 shingles: shingles.iter().map(|s| s.hash).collect(),
-                pii: pii.iter().map(|m| pii_hash(&self.key, m)).collect(),
+                pii: pii
+                    .iter()
+                    .map(|m| pii_hash(&self.key, m))
+                    .filter(|h| !leaked_pii.contains(h))
+                    .collect(),
             });
         }
         findings

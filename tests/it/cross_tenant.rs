@@ -417,3 +417,161 @@ async fn store_metrics_are_exported() {
     assert!(support::metric(residue.admin_addr, "residue_store_bytes", &[]).await > 0.0);
     residue.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn masked_snippets_show_only_the_edges_of_a_match() {
+    let upstream = FakeUpstream::start(scripted()).await;
+    let mut config = support::config(&upstream.url());
+    config.tenant.trust_header = true;
+    config.detect.evidence = residue::detect::cross_tenant::Evidence::MaskedSnippet;
+    let (residue, recorder) = support::start(config).await;
+    let mut live = residue.incidents.subscribe();
+    ask(
+        &residue,
+        "tenant-a",
+        None,
+        "Mail me at jane.doe@halvorsen-maritime.no please.",
+        false,
+    )
+    .await;
+    ask(
+        &residue,
+        "tenant-b",
+        None,
+        "Hi ANSWER: Try jane.doe@halvorsen-maritime.no today.",
+        false,
+    )
+    .await;
+    let incidents = incidents_after(&recorder, &mut live, 2).await;
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    let snippet = incidents[0].evidence["masked_snippets"][0]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        snippet.chars().count(),
+        "jane.doe@halvorsen-maritime.no".len()
+    );
+    assert!(
+        snippet.starts_with("ja") && snippet.ends_with("no"),
+        "{snippet}"
+    );
+    assert!(!snippet.contains("halvorsen"), "{snippet}");
+    // Tenants are hashed unless configured raw.
+    assert_eq!(incidents[0].tenant.len(), 16);
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn rules_reload_when_a_file_changes() {
+    let dir = std::env::temp_dir().join(format!("residue-test-{}-rules", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let repo_rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    for entry in std::fs::read_dir(&repo_rules).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let upstream = FakeUpstream::start(scripted()).await;
+    let mut config = support::config(&upstream.url());
+    config.tenant.trust_header = true;
+    config.incidents.raw_tenant = true;
+    config.detect.rules_dir = Some(dir.clone());
+    let (residue, recorder) = support::start(config).await;
+    let mut live = residue.incidents.subscribe();
+    ask(
+        &residue,
+        "tenant-a",
+        None,
+        "Badge ZETA-7731-QX is mine.",
+        false,
+    )
+    .await;
+    ask(
+        &residue,
+        "tenant-b",
+        None,
+        "Hi ANSWER: Use ZETA-7731-QX.",
+        false,
+    )
+    .await;
+    assert!(incidents_after(&recorder, &mut live, 2).await.is_empty());
+
+    std::fs::write(
+        dir.join("badges.toml"),
+        r#"
+[[rule]]
+id = "secret.badge"
+kind = "secret"
+pattern = '''\bZETA-\d{4}-[A-Z]{2}\b'''
+positive = ["badge ZETA-1234-AB here", "ZETA-9999-ZZ"]
+negative = ["ZETA-12-AB", "zeta-1234-ab"]
+"#,
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while support::metric(
+        residue.admin_addr,
+        "residue_rules_reloads_total",
+        &[("result", "ok")],
+    )
+    .await
+        < 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rules were not reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ask(
+        &residue,
+        "tenant-a",
+        None,
+        "Badge ZETA-7731-QX is mine.",
+        false,
+    )
+    .await;
+    ask(
+        &residue,
+        "tenant-b",
+        None,
+        "Hi ANSWER: Use ZETA-7731-QX.",
+        false,
+    )
+    .await;
+    let incidents = incidents_after(&recorder, &mut live, 4).await;
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    assert_eq!(incidents[0].evidence["rule"], "secret.badge");
+
+    // A broken file keeps the rules in force.
+    std::fs::write(dir.join("broken.toml"), "[[rule]]\nid = 5\n").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while support::metric(
+        residue.admin_addr,
+        "residue_rules_reloads_total",
+        &[("result", "error")],
+    )
+    .await
+        < 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the broken file was not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ask(
+        &residue,
+        "tenant-b",
+        None,
+        "Hi ANSWER: Use ZETA-7731-QX again.",
+        false,
+    )
+    .await;
+    let incidents = incidents_after(&recorder, &mut live, 5).await;
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    residue.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
