@@ -266,6 +266,7 @@ impl CrossTenant {
             requester,
             shingles: shingles.iter().map(|s| s.hash).collect(),
             pii: pii.iter().map(|m| pii_hash(&self.key, m)).collect(),
+            common_tenants: self.settings.common_tenants,
         }];
         let result = match self.runtime.block_on(self.store.lookup(&lookup)) {
             Ok(mut r) => r.pop().unwrap_or_default(),

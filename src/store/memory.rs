@@ -33,6 +33,30 @@ const FP_KEPT_BYTES: usize = 4;
 const PII_BYTES: usize = 64;
 const RECORD_BYTES: usize = 96;
 
+/// Keys are keyed hashes already, uniformly spread: hashing them again with
+/// SipHash (the std default) only costs time. This hasher mixes the key once.
+#[derive(Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type Map<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
 /// A `(tenant index, record id)` posting.
 type Posting = (u32, u32);
 
@@ -52,13 +76,13 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    tenants: HashMap<TenantKey, u32>,
+    tenants: Map<TenantKey, u32>,
     tenant_keys: Vec<TenantKey>,
     /// Fingerprint (32 bits) → its only posting, or `(MULTI, _)`.
-    fps: HashMap<u32, Posting>,
+    fps: Map<u32, Posting>,
     /// Fingerprints with several postings.
-    multi: HashMap<u32, Vec<Posting>>,
-    pii: HashMap<u64, Vec<Posting>>,
+    multi: Map<u32, Vec<Posting>>,
+    pii: Map<u64, Vec<Posting>>,
     records: VecDeque<Held>,
     /// The id of `records[0]`.
     first_id: u32,
@@ -138,10 +162,17 @@ impl State {
 }
 
 fn distinct_tenants(postings: &[Posting]) -> u32 {
-    let mut seen: Vec<u32> = postings.iter().map(|p| p.0).collect();
-    seen.sort_unstable();
-    seen.dedup();
-    seen.len() as u32
+    match postings {
+        [] => 0,
+        [_] => 1,
+        [a, b] => 1 + u32::from(a.0 != b.0),
+        _ => {
+            let mut seen: Vec<u32> = postings.iter().map(|p| p.0).collect();
+            seen.sort_unstable();
+            seen.dedup();
+            seen.len() as u32
+        }
+    }
 }
 
 impl MemoryStore {
@@ -226,6 +257,9 @@ impl MemoryStore {
                     continue;
                 }
                 let tenants = distinct_tenants(postings);
+                if lookup.common_tenants > 0 && tenants >= lookup.common_tenants {
+                    continue;
+                }
                 for &(tenant, id) in postings {
                     if walked
                         .iter()
@@ -374,6 +408,7 @@ mod tests {
             requester,
             shingles: (from..to).map(mix).collect(),
             pii: vec![],
+            common_tenants: 0,
         }
     }
 
@@ -412,6 +447,7 @@ mod tests {
             requester: 2,
             shingles: vec![],
             pii: vec![77, 78, 79],
+            common_tenants: 0,
         }]);
         assert_eq!(r[0].pii.len(), 2);
         assert_eq!(

@@ -50,6 +50,9 @@ pub struct Lookup {
     /// Every shingle hash of the answer, in order.
     pub shingles: Vec<u64>,
     pub pii: Vec<u64>,
+    /// Content this many distinct tenants hold is boilerplate: the store
+    /// need not verify or report it (0: no cut-off).
+    pub common_tenants: u32,
 }
 
 /// Who owns one queried PII value.
