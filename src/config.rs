@@ -663,7 +663,10 @@ fn read_section<T: serde::de::DeserializeOwned>(
                     .unwrap_or("")
                     .trim_end()
                     .to_string();
-                errors.push(format!("{at}: {message}"));
+                let line = format!("{at}: {message}");
+                if !errors.contains(&line) {
+                    errors.push(line);
+                }
                 if !remove_path(&mut value, &segments) {
                     for path in &unknown {
                         errors.push(format!("{name}.{path}: unknown field"));
@@ -699,8 +702,15 @@ fn remove_path(value: &mut toml::Value, path: &[serde_path_to_error::Segment]) -
     match (last, cur) {
         (Segment::Map { key }, toml::Value::Table(t)) => t.remove(key).is_some(),
         (Segment::Seq { index }, toml::Value::Array(a)) if *index < a.len() => {
-            // Keep indices stable for the messages: replace, don't shift.
-            a[*index] = toml::Value::Table(toml::Table::new());
+            // Keep indices stable for the messages: replace the element with
+            // an empty table; if it is one already (it lacks required
+            // fields), drop it.
+            let empty = toml::Value::Table(toml::Table::new());
+            if a[*index] == empty {
+                a.remove(*index);
+            } else {
+                a[*index] = empty;
+            }
             true
         }
         _ => false,
@@ -763,6 +773,44 @@ mod tests {
             "route[0].max-prompt-tokens",
             "route.0.colour: unknown field",
             "tenant.chain",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn detector_and_action_sections_report_every_error() {
+        let err = Config::from_toml(
+            r#"
+            [fingerprint]
+            word-k = 0
+            common-tenants = 1
+            window = "0s"
+            [detect]
+            evidence = "everything"
+            rules-dir = "/nonexistent/rules"
+            [[detect.canary]]
+            value = "short"
+            [action]
+            default = "nuke"
+            hold-back-chars = 8
+            [[action.tenant]]
+            tenant = "acme"
+            action = "shred"
+            "#,
+        )
+        .unwrap_err();
+        let all = err.errors.join("\n");
+        for needle in [
+            "fingerprint.word-k",
+            "fingerprint.common-tenants",
+            "fingerprint.window",
+            "detect.evidence",
+            "detect.rules-dir",
+            "detect.canary[0].value",
+            "action.default",
+            "action.hold-back-chars",
+            "action.tenant[0].action",
         ] {
             assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
         }

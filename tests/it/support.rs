@@ -398,3 +398,20 @@ pub fn require_tool(what: &str, program: &str, args: &[&str]) -> bool {
     }
     ok
 }
+
+/// Waits (at most 10 s) until a metric reaches `at_least`.
+pub async fn wait_for_metric(
+    admin: SocketAddr,
+    name: &str,
+    labels: &[(&str, &str)],
+    at_least: f64,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(admin, name, labels).await < at_least {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name}{labels:?} did not reach {at_least} within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
