@@ -138,12 +138,64 @@ pub fn error_event(family: Family, format: BodyFormat, kind: &str, message: &str
     Bytes::from(bytes)
 }
 
-/// Scans the answer text so far on a blocking thread; `Some(findings)` when
-/// done. `last` marks the final scan (the clean answer may be recorded).
-pub type ScanFn = Arc<dyn Fn(String, bool) -> Vec<Finding> + Send + Sync>;
+/// Scans the answer text so far (on a blocking thread); `last` marks the
+/// final scan (the clean answer may be recorded). `Err` when the answer could
+/// not be checked (the fingerprint store failed).
+pub type ScanFn = Arc<dyn Fn(String, bool) -> Result<Vec<Finding>, ()> + Send + Sync>;
 
 /// Called once with the findings of a stream that was cut (to report them).
 pub type OnBlock = Box<dyn FnOnce(Vec<Finding>) + Send>;
+
+/// Called when a stream could not be checked: `true` when it was cut (fail
+/// closed), `false` when it was passed unchecked (fail open).
+pub type OnFail = Box<dyn FnOnce(bool) + Send>;
+
+/// How much a stream holds back, and what it does when it cannot check.
+#[derive(Clone, Copy, Debug)]
+pub struct Guard {
+    /// Bytes of answer text that must follow a frame, scanned and clean,
+    /// before it is released.
+    pub hold_back: usize,
+    /// Tokens (words; CJK characters count 0.6) that must follow it too: a
+    /// leak is only certain to be found once that many of its tokens were
+    /// seen, whatever their length in bytes.
+    pub hold_back_tokens: usize,
+    /// Answer text past which the stream is not checked (fail open/closed).
+    pub max_text: usize,
+    pub fail_closed: bool,
+}
+
+/// Word-equivalents in `text`: each whitespace-separated chunk is one; each
+/// CJK, Thai or Hangul character 0.6 (the detectors need ≈20 of them where
+/// they need 12 words).
+pub fn token_weight(text: &str) -> f64 {
+    // Whitespace-separated chunks holding a letter or digit: never more than
+    // the detectors' words ("ledger_entry_0001" is one word to them; "foo,bar"
+    // one here and two there; "—" none here or there). Undercounting only
+    // holds back more.
+    let mut words = 0usize;
+    let mut cjk = 0usize;
+    let mut chunk_has_word = false;
+    for c in text.chars() {
+        let u = c as u32;
+        let dense = (0x2E80..=0x9FFF).contains(&u)
+            || (0xAC00..=0xD7AF).contains(&u)
+            || (0x0E00..=0x0EFF).contains(&u)
+            || (0xF900..=0xFAFF).contains(&u)
+            || (0x20000..=0x3FFFF).contains(&u);
+        if dense {
+            cjk += 1;
+        }
+        if dense || c.is_whitespace() {
+            words += usize::from(chunk_has_word);
+            chunk_has_word = false;
+        } else if c.is_alphanumeric() {
+            chunk_has_word = true;
+        }
+    }
+    words += usize::from(chunk_has_word);
+    words as f64 + cjk as f64 * 0.6
+}
 
 pin_project! {
     /// See the module documentation.
@@ -158,27 +210,28 @@ pin_project! {
         // Answer text covered by the last clean scan.
         scanned: usize,
         scan: ScanFn,
-        in_flight: Option<(JoinHandle<Vec<Finding>>, usize, bool)>,
-        hold_back: usize,
-        step: usize,
+        in_flight: Option<(JoinHandle<Result<Vec<Finding>, ()>>, usize, bool)>,
+        guard: Guard,
         upstream_done: bool,
+        // The final scan passed, or checking was given up (fail open): every
+        // held frame may go.
         finished: bool,
         blocked_event: Option<Bytes>,
         on_block: Option<OnBlock>,
+        on_fail: Option<OnFail>,
         done: bool,
     }
 }
 
 impl<B> GuardBody<B> {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         inner: B,
         endpoint: Endpoint,
         format: BodyFormat,
-        max_bytes: usize,
-        hold_back: usize,
+        guard: Guard,
         scan: ScanFn,
         on_block: OnBlock,
+        on_fail: OnFail,
     ) -> Self {
         let error = error_event(
             endpoint.family(),
@@ -188,18 +241,18 @@ impl<B> GuardBody<B> {
         );
         GuardBody {
             inner,
-            decoder: ResponseDecoder::new(endpoint, format, max_bytes),
+            decoder: ResponseDecoder::new(endpoint, format, guard.max_text),
             output: Output::default(),
             held: VecDeque::new(),
             scanned: 0,
             scan,
             in_flight: None,
-            hold_back,
-            step: (hold_back / 4).max(16),
+            guard,
             upstream_done: false,
             finished: false,
             blocked_event: Some(error),
             on_block: Some(on_block),
+            on_fail: Some(on_fail),
             done: false,
         }
     }
@@ -218,29 +271,52 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
+        // The answer cannot be checked: cut it (fail closed: the error event
+        // to send) or stop guarding and let every frame go (fail open).
+        macro_rules! give_up {
+            () => {{
+                if this.guard.fail_closed {
+                    this.held.clear();
+                    *this.done = true;
+                    if let Some(f) = this.on_fail.take() {
+                        f(true);
+                    }
+                    this.blocked_event.take()
+                } else {
+                    *this.finished = true;
+                    if let Some(f) = this.on_fail.take() {
+                        f(false);
+                    }
+                    None
+                }
+            }};
+        }
         loop {
             if *this.done {
                 return Poll::Ready(None);
             }
-            // 1. Release a frame that has enough clean, scanned text after it.
+            // 1. Release a frame once enough clean, scanned text follows it.
             if let Some((_, end)) = this.held.front() {
-                let safe = *this.finished || *end + *this.hold_back <= *this.scanned;
+                let end = *end;
+                let safe = *this.finished
+                    || (end + this.guard.hold_back <= *this.scanned
+                        && this.output.text.get(end..*this.scanned).is_some_and(|t| {
+                            token_weight(t) >= this.guard.hold_back_tokens as f64
+                        }));
                 if safe {
                     if let Some((frame, _)) = this.held.pop_front() {
                         return Poll::Ready(Some(Ok(frame)));
                     }
                 }
-            } else if *this.finished {
+            } else if *this.finished && *this.upstream_done {
                 *this.done = true;
                 return Poll::Ready(None);
             }
 
-            // 2. A scan in flight: wait for it.
+            // 2. A scan in flight: wait for it, reading on meanwhile.
             if let Some((handle, upto, last)) = this.in_flight.as_mut() {
-                let findings = match Pin::new(handle).poll(cx) {
+                let outcome = match Pin::new(handle).poll(cx) {
                     Poll::Pending => {
-                        // Meanwhile keep reading the upstream (bounded by the
-                        // decoder cap), so it is not stalled by our scan.
                         if !*this.upstream_done {
                             if let Poll::Ready(r) = read_one(
                                 this.inner.as_mut(),
@@ -258,41 +334,66 @@ where
                         }
                         return Poll::Pending;
                     }
-                    // A scanner that panicked counts as "no findings": monitor
-                    // semantics rather than cutting a healthy answer.
-                    Poll::Ready(r) => r.unwrap_or_default(),
+                    // A scanner that panicked could not check the answer.
+                    Poll::Ready(r) => r.unwrap_or(Err(())),
                 };
                 let (upto, last) = (*upto, *last);
                 *this.in_flight = None;
-                if !findings.is_empty() {
-                    this.held.clear();
-                    *this.done = true;
-                    if let Some(on_block) = this.on_block.take() {
-                        on_block(findings);
+                match outcome {
+                    Ok(findings) if !findings.is_empty() => {
+                        this.held.clear();
+                        *this.done = true;
+                        if let Some(on_block) = this.on_block.take() {
+                            on_block(findings);
+                        }
+                        let event = this.blocked_event.take().unwrap_or_default();
+                        return Poll::Ready(Some(Ok(Frame::data(event))));
                     }
-                    let event = this.blocked_event.take().unwrap_or_default();
-                    return Poll::Ready(Some(Ok(Frame::data(event))));
-                }
-                *this.scanned = upto;
-                if last {
-                    *this.finished = true;
+                    Ok(_) => {
+                        *this.scanned = upto;
+                        if last {
+                            *this.finished = true;
+                        }
+                    }
+                    Err(()) => {
+                        if let Some(e) = give_up!() {
+                            return Poll::Ready(Some(Ok(Frame::data(e))));
+                        }
+                    }
                 }
                 continue;
             }
 
             // 3. Start a scan when enough new text arrived, or at the end.
-            let len = this.output.text.len();
-            let due = len >= *this.scanned + *this.step || (*this.upstream_done && !*this.finished);
-            if due {
-                let last = *this.upstream_done;
-                let text = this.output.text.clone();
-                let scan = this.scan.clone();
-                let handle = tokio::task::spawn_blocking(move || scan(text, last));
-                *this.in_flight = Some((handle, len, last));
-                continue;
+            if !*this.finished {
+                let len = this.output.text.len();
+                if len > this.guard.max_text || this.output.truncated || this.output.malformed > 0 {
+                    // Text the guard cannot see in full cannot be vouched for.
+                    if let Some(e) = give_up!() {
+                        return Poll::Ready(Some(Ok(Frame::data(e))));
+                    }
+                    continue;
+                }
+                // Rescans grow geometrically: O(n log n) over a long answer.
+                let step = (this.guard.hold_back / 4).max(len / 8).max(16);
+                if len >= *this.scanned + step || *this.upstream_done {
+                    let last = *this.upstream_done;
+                    let text = this.output.text.clone();
+                    let scan = this.scan.clone();
+                    let handle = tokio::task::spawn_blocking(move || scan(text, last));
+                    *this.in_flight = Some((handle, len, last));
+                    continue;
+                }
+            } else if *this.upstream_done && this.held.is_empty() {
+                *this.done = true;
+                return Poll::Ready(None);
             }
 
             // 4. Read more from the upstream.
+            if *this.upstream_done {
+                // Everything is read; frames wait for the scan above.
+                continue;
+            }
             match read_one(
                 this.inner.as_mut(),
                 cx,
@@ -349,6 +450,47 @@ where
     }
 }
 
+pin_project! {
+    /// Frames already read, then the rest of the body: how an answer too
+    /// large to hold goes out when failing open.
+    pub struct Prefixed<B> {
+        prefix: VecDeque<Bytes>,
+        #[pin]
+        rest: B,
+    }
+}
+
+impl<B> Prefixed<B> {
+    pub fn new(prefix: Vec<Bytes>, rest: B) -> Self {
+        Prefixed {
+            prefix: prefix.into(),
+            rest,
+        }
+    }
+}
+
+impl<B> Body for Prefixed<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if let Some(b) = this.prefix.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(b))));
+        }
+        this.rest
+            .poll_frame(cx)
+            .map(|f| f.map(|r| r.map_err(Into::into)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,6 +503,25 @@ mod tests {
             score: 1.0,
             evidence: serde_json::json!({}),
             spans,
+        }
+    }
+
+    #[test]
+    fn token_weight_never_counts_more_words_than_the_detectors() {
+        for (text, want) in [
+            ("", 0.0),
+            ("one two  three", 3.0),
+            ("ledger_entry_0001 next", 2.0),
+            ("a — b — c", 3.0),
+            ("foo,bar", 1.0),
+            ("你好世界", 2.4),
+            ("hi你好", 2.2),
+        ] {
+            assert!(
+                (token_weight(text) - want).abs() < 1e-9,
+                "{text:?}: {}",
+                token_weight(text)
+            );
         }
     }
 

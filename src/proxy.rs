@@ -28,7 +28,7 @@ use crate::body::{BoxError, StreamEnd, StreamHook, TapBody};
 use crate::config::{Action, ActionConfig, Config, RouteConfig};
 use crate::detect::cross_tenant::CrossTenant;
 use crate::detect::Finding;
-use crate::enforce::{redact_json, verdict, GuardBody, OnBlock, ScanFn, Verdict};
+use crate::enforce::{redact_json, verdict, Guard, GuardBody, OnBlock, OnFail, ScanFn, Verdict};
 use crate::error::{ErrorSource, Rejection, StartError};
 use crate::incident::IncidentSink;
 use crate::metrics::Metrics;
@@ -61,6 +61,10 @@ pub struct Proxy {
     buffered: Arc<Semaphore>,
     actions: ActionConfig,
     hold_back_chars: usize,
+    /// Tokens a streamed frame waits behind: two guaranteed runs, so that a
+    /// leak of another tenant's answer (found after 24 words) is caught
+    /// before its first byte goes out.
+    hold_back_tokens: usize,
     /// Answers being scanned on the request path (`action.max-concurrent-scans`).
     inline_scans: Arc<Semaphore>,
     scanners: Arc<Scanners>,
@@ -123,6 +127,14 @@ impl Proxy {
             body_read_timeout: config.server.body_read_timeout,
             actions: config.action.clone(),
             hold_back_chars: config.action.hold_back_chars,
+            hold_back_tokens: {
+                let d = crate::fingerprint::FingerprintParams::default();
+                let (k, w) = (
+                    config.fingerprint.word_k.unwrap_or(d.word_k),
+                    config.fingerprint.word_w.unwrap_or(d.word_w),
+                );
+                2 * (k + w - 1)
+            },
             inline_scans: Arc::new(Semaphore::new(config.action.max_concurrent_scans)),
             cross_tenant: scanners.cross_tenant.clone(),
             incidents: scanners.incidents.clone(),
@@ -226,8 +238,20 @@ impl Proxy {
                             ctx.action = self.action_for(&ctx.tenant, rule);
                             let scan = self.guard(parsed, rule).await?;
                             // Recorded now, before the answer: the engine holds
-                            // this prompt from here on.
-                            self.observer.record_prompt(&ctx.tenant, &scan.prompt);
+                            // this prompt from here on. Under block or redact
+                            // it is recorded before forwarding, so that no
+                            // queue can reorder or drop it.
+                            match (&self.cross_tenant, ctx.action) {
+                                (Some(cross), Action::Block | Action::Redact) => {
+                                    let (cross, tenant, prompt) =
+                                        (cross.clone(), ctx.tenant.clone(), scan.prompt.clone());
+                                    let _ = tokio::task::spawn_blocking(move || {
+                                        cross.record_prompt(&tenant, &prompt)
+                                    })
+                                    .await;
+                                }
+                                _ => self.observer.record_prompt(&ctx.tenant, &scan.prompt),
+                            }
                             ctx.scan = Some(scan);
                         }
                         Err(e) => {
@@ -385,19 +409,26 @@ impl Proxy {
                     .with_label_values(&[ctx.action.as_str(), "guarded_stream"])
                     .inc();
                 let (cross, tenant) = (cross.clone(), ctx.tenant.clone());
-                let scan: ScanFn =
-                    Arc::new(move |text: String, last: bool| cross.scan(&tenant, &text, last));
+                let scan: ScanFn = Arc::new(move |text: String, last: bool| {
+                    cross.try_scan(&tenant, &text, last).map_err(|_| ())
+                });
                 let on_block = self.on_block(ctx, endpoint, status.as_u16());
-                GuardBody::new(
-                    tapped,
-                    endpoint,
-                    format,
-                    self.max_response_bytes,
-                    self.hold_back_chars,
-                    scan,
-                    on_block,
-                )
-                .boxed_unsync()
+                let (metrics, action) = (self.metrics.clone(), ctx.action);
+                let on_fail: OnFail = Box::new(move |closed| {
+                    let outcome = if closed { "fail_closed" } else { "fail_open" };
+                    metrics
+                        .enforced
+                        .with_label_values(&[action.as_str(), outcome])
+                        .inc();
+                });
+                let guard = Guard {
+                    hold_back: self.hold_back_chars,
+                    hold_back_tokens: self.hold_back_tokens,
+                    max_text: self.max_response_bytes,
+                    fail_closed: self.actions.fail_closed,
+                };
+                GuardBody::new(tapped, endpoint, format, guard, scan, on_block, on_fail)
+                    .boxed_unsync()
             }
             _ => tapped.boxed_unsync(),
         };
@@ -516,14 +547,18 @@ impl Proxy {
                 Ok(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         total += data.len();
-                        too_large |= total > self.max_response_bytes;
                         chunks.push(data);
+                        if total > self.max_response_bytes {
+                            // Holding more would let one answer exhaust memory.
+                            too_large = true;
+                            break;
+                        }
                     }
                 }
             }
         }
         let bytes: Bytes = if chunks.len() == 1 {
-            chunks.pop().unwrap_or_default()
+            chunks[0].clone()
         } else {
             Bytes::from(
                 chunks
@@ -572,6 +607,12 @@ impl Proxy {
         };
         if let Some(reason) = problem {
             fail(reason)?;
+            if too_large {
+                // Fail open: what was held, then the rest as it comes,
+                // unscanned.
+                let rest = crate::enforce::Prefixed::new(chunks, body);
+                return Ok(Response::from_parts(parts, rest.boxed_unsync()));
+            }
             // Fail open: pass it, and still scan it off the path.
             self.observer.submit(exchange);
             return Ok(respond(parts, bytes));

@@ -407,7 +407,12 @@ async fn watch_rules(dir: std::path::PathBuf, cross: Arc<CrossTenant>, metrics: 
             () = hangup => true,
             _ = tick.tick() => false,
         };
-        let now = signature(&dir);
+        // Reading the folder is blocking I/O (a network mount can be slow):
+        // off the async workers.
+        let d = dir.clone();
+        let Ok(now) = tokio::task::spawn_blocking(move || signature(&d)).await else {
+            continue;
+        };
         if !forced && now == last {
             continue;
         }

@@ -18,9 +18,10 @@
 //!
 //! Content many tenants share (system prompts, templates, famous quotes) is
 //! not evidence: a hash produced by `common-tenants` or more tenants inside
-//! the window is discounted. Answers that carried a finding are not recorded,
-//! so a leak does not make the leaked text look like the victim's *and* the
-//! recipient's.
+//! the window is discounted. Answers are recorded as their tenant's content
+//! (so that stock phrases many tenants' answers share can become boilerplate)
+//! except the runs and values found to be another tenant's: a leak never
+//! becomes the recipient's own, and a retried leak is caught again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -35,7 +36,7 @@ use crate::hash::HashKey;
 use crate::metrics::Metrics;
 use crate::protocol::Prompt;
 use crate::rules::{PiiMatch, RuleSet};
-use crate::store::{ContentKind, FingerprintStore, Lookup, Record, TenantKey};
+use crate::store::{ContentKind, FingerprintStore, Lookup, Record, StoreError, TenantKey};
 use crate::tenant::Tenant;
 
 pub const NGRAM: &str = "cross_tenant_ngram";
@@ -220,6 +221,20 @@ impl CrossTenant {
     /// `record_if_clean`, records it as the tenant's content when nothing was
     /// found.
     pub fn scan(&self, tenant: &Tenant, text: &str, record_if_clean: bool) -> Vec<Finding> {
+        // In monitor mode a failed lookup has been counted and logged; the
+        // answer went out anyway.
+        self.try_scan(tenant, text, record_if_clean)
+            .unwrap_or_default()
+    }
+
+    /// [`CrossTenant::scan`], failing when the store could not be asked, so
+    /// that block mode can fail open or closed as configured.
+    pub fn try_scan(
+        &self,
+        tenant: &Tenant,
+        text: &str,
+        record_if_clean: bool,
+    ) -> Result<Vec<Finding>, StoreError> {
         let requester = self.key_of(tenant);
         let mut findings = Vec::new();
         if !self.canaries.is_empty() {
@@ -260,7 +275,7 @@ impl CrossTenant {
             pii.retain(tenant_specific);
         }
         if shingles.is_empty() && pii.is_empty() {
-            return findings;
+            return Ok(findings);
         }
         let lookup = [Lookup {
             requester,
@@ -276,7 +291,7 @@ impl CrossTenant {
                     .with_label_values(&["lookup"])
                     .inc();
                 tracing::warn!(error = %e, "Fingerprint lookup failed; this answer was not checked for leaks.");
-                return findings;
+                return Err(e);
             }
         };
 
@@ -298,9 +313,14 @@ impl CrossTenant {
         }
         let mut sources: Vec<_> = by_tenant.into_iter().collect();
         sources.sort_by_key(|(t, _)| *t);
+        // Token ranges found to be another tenant's: never recorded as the
+        // requester's, so a retried leak is caught again.
+        let mut leaked: Vec<(usize, usize)> = Vec::new();
         for (source, runs) in sources {
+            let ranges: Vec<(usize, usize)> = runs.iter().map(|r| (r.0, r.1)).collect();
             if let Some(f) = self.ngram_finding(source, runs, &tokens, text) {
                 findings.push(f);
+                leaked.extend(ranges);
             }
         }
         let mut pii_owner: Vec<Option<Vec<TenantKey>>> = vec![None; pii.len()];
@@ -325,10 +345,13 @@ impl CrossTenant {
                 Some(o) if o.is_empty() => "requester",
                 Some(_) => "other_tenant",
             };
-            self.metrics
-                .pii_seen
-                .with_label_values(&[m.kind.as_str(), owner])
-                .inc();
+            if record_if_clean {
+                // Counted once per answer, at its final scan.
+                self.metrics
+                    .pii_seen
+                    .with_label_values(&[m.kind.as_str(), owner])
+                    .inc();
+            }
             if let Some(foreign) = owners.filter(|o| !o.is_empty()) {
                 leaked_pii.push(pii_hash(&self.key, m));
                 let sources: Vec<String> = foreign.iter().map(|t| self.show_tenant(*t)).collect();
@@ -358,13 +381,19 @@ impl CrossTenant {
         // leak of it still names the first owner.) Leaked PII values are the
         // exception: they stay their owner's alone.
         if record_if_clean && self.settings.record_answers {
+            let clean = |sh: &&crate::fingerprint::Shingle| {
+                let (a, b) = (sh.first as usize, sh.first as usize + sh.len as usize);
+                !leaked.iter().any(|(s, e)| a < *e && *s < b)
+            };
+            let kept_shingles: Vec<crate::fingerprint::Shingle> =
+                shingles.iter().filter(clean).cloned().collect();
             let mut kept = Vec::new();
-            self.fp.winnow(&shingles, &mut kept);
+            self.fp.winnow(&kept_shingles, &mut kept);
             self.record(Record {
                 tenant: requester,
                 kind: Some(ContentKind::Answer),
                 fingerprints: kept.iter().map(|s| s.hash).collect(),
-                shingles: shingles.iter().map(|s| s.hash).collect(),
+                shingles: kept_shingles.iter().map(|s| s.hash).collect(),
                 pii: pii
                     .iter()
                     .map(|m| pii_hash(&self.key, m))
@@ -372,7 +401,7 @@ impl CrossTenant {
                     .collect(),
             });
         }
-        findings
+        Ok(findings)
     }
 
     /// Builds the finding for one source tenant from the token ranges of

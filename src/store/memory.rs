@@ -60,6 +60,9 @@ type Map<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
 /// A `(tenant index, record id)` posting.
 type Posting = (u32, u32);
 
+/// Postings kept per fingerprint (the newest).
+const MAX_POSTINGS: usize = 64;
+
 /// Marks an index slot whose postings live in `State::multi`.
 const MULTI: u32 = u32::MAX;
 
@@ -129,7 +132,16 @@ impl State {
             None => {
                 self.fps.insert(fp, posting);
             }
-            Some((MULTI, _)) => self.multi.entry(fp).or_default().push(posting),
+            Some((MULTI, _)) => {
+                let v = self.multi.entry(fp).or_default();
+                // A fingerprint this many records share is boilerplate many
+                // times over: keep the newest postings only, so that lookups
+                // and evictions stay cheap however hot it gets.
+                if v.len() >= MAX_POSTINGS {
+                    v.remove(0);
+                }
+                v.push(posting);
+            }
             Some(one) => {
                 self.fps.insert(fp, (MULTI, 0));
                 self.multi.insert(fp, vec![one, posting]);
@@ -275,13 +287,25 @@ impl MemoryStore {
                     if !held.bloom.contains(*h) {
                         continue;
                     }
+                    // Extend through the record's shingles, but not into the
+                    // requester's own or boilerplate fingerprints: a run of
+                    // shared public text next to one foreign shingle is not
+                    // the foreign tenant's.
+                    let foreign_at = |j: usize| {
+                        let h = lookup.shingles[j];
+                        if !held.bloom.contains(h) {
+                            return false;
+                        }
+                        let p = state.postings(h as u32);
+                        !(p.iter().any(|p| p.0 == requester)
+                            || (lookup.common_tenants > 0
+                                && distinct_tenants(p) >= lookup.common_tenants))
+                    };
                     let (mut first, mut last) = (i, i);
-                    while first > 0 && held.bloom.contains(lookup.shingles[first - 1]) {
+                    while first > 0 && foreign_at(first - 1) {
                         first -= 1;
                     }
-                    while last + 1 < lookup.shingles.len()
-                        && held.bloom.contains(lookup.shingles[last + 1])
-                    {
+                    while last + 1 < lookup.shingles.len() && foreign_at(last + 1) {
                         last += 1;
                     }
                     walked.push((id, first, last));

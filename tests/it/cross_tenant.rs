@@ -136,9 +136,9 @@ async fn a_fifteen_word_fragment_of_another_tenants_prompt_is_caught_and_names_t
     let i = ngram[0];
     assert_eq!(i.tenant, "tenant-b");
     assert_eq!(i.evidence["source_tenant"], "tenant-a");
-    // At least one whole shingle (k = 4 words) of the fragment matched.
+    // The verified run covers (nearly) the whole fragment.
     assert!(
-        i.evidence["longest_run_tokens"].as_u64().unwrap() >= 4,
+        i.evidence["longest_run_tokens"].as_u64().unwrap() >= 12,
         "{}",
         i.evidence
     );

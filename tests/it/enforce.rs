@@ -262,3 +262,108 @@ async fn answers_too_large_to_hold_fail_open_or_closed_as_configured() {
         residue.shutdown().await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_retried_leak_is_blocked_again() {
+    let answer = format!("{} Also, {FRAGMENT}.", lead_in());
+    let up = upstream(answer).await;
+    let (residue, recorder) = support::start(config(&up, Action::Block)).await;
+    call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-a")],
+        &chat(false, A_PROMPT),
+    )
+    .await;
+    recorder.wait_for(1).await;
+    for attempt in 0..3 {
+        for stream in [false, true] {
+            let (status, _, body) = call(
+                residue.addr,
+                "/v1/chat/completions",
+                &[("x-tenant-id", "tenant-b")],
+                &chat(stream, "Bread?"),
+            )
+            .await;
+            let text = String::from_utf8_lossy(&body);
+            assert!(
+                !text.contains("Halvorsen"),
+                "attempt {attempt}, stream {stream}: leaked\n{text}"
+            );
+            if !stream {
+                assert_eq!(status, StatusCode::BAD_GATEWAY);
+            }
+        }
+    }
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_leak_of_long_tokens_is_held_back_by_tokens_not_bytes() {
+    // Fifteen long identifiers: 400+ bytes, more than the 256-character
+    // hold-back, but only 15 tokens.
+    let ids: Vec<String> = (0..15)
+        .map(|i| format!("halvorsen_maritime_ledger_entry_{i:04}_confidential"))
+        .collect();
+    let secret = ids.join(" ");
+    let a_prompt = format!("Reconcile these entries: {secret}");
+    let answer = format!("{}Here they are: {secret} and that is all.", lead_in());
+    let up = upstream(answer).await;
+    let (residue, recorder) = support::start(config(&up, Action::Block)).await;
+    call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-a")],
+        &chat(false, &a_prompt),
+    )
+    .await;
+    recorder.wait_for(1).await;
+    let (_, _, body) = call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-b")],
+        &chat(true, "Bread?"),
+    )
+    .await;
+    let got = String::from_utf8_lossy(&body);
+    assert!(
+        !got.contains("halvorsen_maritime"),
+        "leaked to the client:\n{got}"
+    );
+    assert!(got.contains("cross_tenant_leak"), "{got}");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stream_too_long_to_check_fails_closed_when_configured() {
+    let answer = lead_in();
+    let up = upstream(answer).await;
+    let mut c = config(&up, Action::Block);
+    c.observe.max_response_bytes = 200;
+    c.action.fail_closed = true;
+    let (residue, _) = support::start(c).await;
+    let (status, _, body) = call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-b")],
+        &chat(true, "Bread?"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let got = String::from_utf8_lossy(&body);
+    assert!(
+        got.contains("cross_tenant_leak"),
+        "a stream that cannot be checked is cut: {got}"
+    );
+    assert!(!got.contains("[DONE]"));
+    assert_eq!(
+        support::metric(
+            residue.admin_addr,
+            "residue_enforced_total",
+            &[("outcome", "fail_closed")]
+        )
+        .await,
+        1.0
+    );
+    residue.shutdown().await.unwrap();
+}
