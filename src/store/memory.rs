@@ -60,6 +60,12 @@ type Map<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
 /// A `(tenant index, record id)` posting.
 type Posting = (u32, u32);
 
+const PRESENCE_SLOTS: usize = 1 << 20;
+
+fn presence_slot(fp: u32) -> usize {
+    (fp.wrapping_mul(0x9e37_79b1) >> 12) as usize
+}
+
 /// Postings kept per fingerprint (the newest).
 const MAX_POSTINGS: usize = 64;
 
@@ -83,6 +89,11 @@ struct State {
     tenant_keys: Vec<TenantKey>,
     /// Fingerprint (32 bits) → its only posting, or `(MULTI, _)`.
     fps: Map<u32, Posting>,
+    /// A one-hash counting filter in front of `fps`: most of an answer's
+    /// shingles are nobody's fingerprint, and a 1 MiB array answers that
+    /// from cache where the map would miss it. Saturated counters stay put
+    /// (never a false "absent").
+    presence: Vec<u8>,
     /// Fingerprints with several postings.
     multi: Map<u32, Vec<Posting>>,
     pii: Map<u64, Vec<Posting>>,
@@ -127,7 +138,15 @@ impl State {
         self.records.get(id.wrapping_sub(self.first_id) as usize)
     }
 
+    fn may_hold(&self, fp: u32) -> bool {
+        self.presence.is_empty() || self.presence[presence_slot(fp)] != 0
+    }
+
     fn add_fp(&mut self, fp: u32, posting: Posting) {
+        if !self.presence.is_empty() {
+            let c = &mut self.presence[presence_slot(fp)];
+            *c = c.saturating_add(1);
+        }
         match self.fps.get(&fp).copied() {
             None => {
                 self.fps.insert(fp, posting);
@@ -150,6 +169,12 @@ impl State {
     }
 
     fn remove_fp(&mut self, fp: u32, posting: Posting) {
+        if !self.presence.is_empty() {
+            let c = &mut self.presence[presence_slot(fp)];
+            if *c != u8::MAX {
+                *c = c.saturating_sub(1);
+            }
+        }
         match self.fps.get(&fp).copied() {
             Some((MULTI, _)) => {
                 let Some(v) = self.multi.get_mut(&fp) else {
@@ -173,6 +198,29 @@ impl State {
     }
 }
 
+/// Whether `postings` hold at least `n` distinct tenants (n ≤ 8 is checked
+/// without allocating; the common-content cut-off is small).
+fn at_least_tenants(postings: &[Posting], n: u32) -> bool {
+    if n == 0 {
+        return true;
+    }
+    if n > 8 {
+        return distinct_tenants(postings) >= n;
+    }
+    let mut seen = [u32::MAX; 8];
+    let mut count = 0usize;
+    for p in postings {
+        if !seen[..count].contains(&p.0) {
+            seen[count] = p.0;
+            count += 1;
+            if count as u32 >= n {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 fn distinct_tenants(postings: &[Posting]) -> u32 {
     match postings {
         [] => 0,
@@ -193,7 +241,11 @@ impl MemoryStore {
     pub fn new(window: Duration, max_bytes: usize) -> Self {
         MemoryStore {
             shared: Arc::new(Shared {
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    presence: vec![0; PRESENCE_SLOTS],
+                    bytes: PRESENCE_SLOTS,
+                    ..State::default()
+                }),
                 window,
                 max_bytes,
             }),
@@ -264,14 +316,17 @@ impl MemoryStore {
             // Runs found so far, per record, so that each run is walked once.
             let mut walked: Vec<(u32, usize, usize)> = Vec::new();
             for (i, h) in lookup.shingles.iter().enumerate() {
+                if !state.may_hold(*h as u32) {
+                    continue;
+                }
                 let postings = state.postings(*h as u32);
                 if postings.is_empty() || postings.iter().any(|p| p.0 == requester) {
                     continue;
                 }
-                let tenants = distinct_tenants(postings);
-                if lookup.common_tenants > 0 && tenants >= lookup.common_tenants {
+                if lookup.common_tenants > 0 && at_least_tenants(postings, lookup.common_tenants) {
                     continue;
                 }
+                let tenants = distinct_tenants(postings);
                 for &(tenant, id) in postings {
                     if walked
                         .iter()
@@ -504,9 +559,9 @@ mod tests {
         let one = {
             let probe = MemoryStore::new(Duration::from_secs(60), usize::MAX);
             probe.record_now(vec![rec(0, 0, 400)]);
-            probe.stats_now().bytes as usize
+            probe.stats_now().bytes as usize - PRESENCE_SLOTS
         };
-        let s2 = MemoryStore::new(Duration::from_secs(60), one * 3);
+        let s2 = MemoryStore::new(Duration::from_secs(60), PRESENCE_SLOTS + one * 3);
         drop(s);
         for t in 0..10u64 {
             s2.record_now(vec![rec(t, t * 1_000, t * 1_000 + 400)]);
@@ -535,6 +590,9 @@ mod tests {
         std::thread::sleep(Duration::from_millis(40));
         assert!(s.lookup_now(&[query(3, 0, 40)])[0].runs.is_empty());
         let st = s.stats_now();
-        assert_eq!((st.entries, st.hashes, st.bytes), (0, 0, 0));
+        assert_eq!(
+            (st.entries, st.hashes, st.bytes),
+            (0, 0, PRESENCE_SLOTS as u64)
+        );
     }
 }
