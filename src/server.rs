@@ -341,7 +341,9 @@ impl Residue {
     }
 }
 
-/// A residue running in the background.
+/// A residue running in the background. Dropping it begins a graceful
+/// shutdown (its stop channel closes); [`Running::shutdown`] also waits for
+/// it to finish.
 pub struct Running {
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
