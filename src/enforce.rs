@@ -367,8 +367,13 @@ where
             // 3. Start a scan when enough new text arrived, or at the end.
             if !*this.finished {
                 let len = this.output.text.len();
-                if len > this.guard.max_text || this.output.truncated || this.output.malformed > 0 {
-                    // Text the guard cannot see in full cannot be vouched for.
+                if len > this.guard.max_text
+                    || this.output.truncated
+                    || this.output.malformed > 0
+                    || this.output.interleaved
+                {
+                    // Text the guard cannot see in full — or choices whose
+                    // tokens arrive shuffled together — cannot be vouched for.
                     if let Some(e) = give_up!() {
                         return Poll::Ready(Some(Ok(Frame::data(e))));
                     }

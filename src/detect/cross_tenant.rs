@@ -547,7 +547,8 @@ impl Detector for CrossTenant {
         if !(200..300).contains(&input.exchange.status) || input.exchange.inline_scanned {
             return Vec::new();
         }
-        self.scan(&input.exchange.tenant, &input.output.text, true)
+        // Choices that arrived interleaved are read one after the other.
+        self.scan(&input.exchange.tenant, &input.output.scan_text(), true)
     }
 }
 

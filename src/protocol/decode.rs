@@ -69,7 +69,7 @@ impl JsonBody {
 /// What one decoder has accumulated besides the output itself.
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    seg: Segments,
+    pub(crate) seg: Segments,
     anthropic: anthropic::State,
     sglang: sglang::State,
 }

@@ -187,9 +187,16 @@ pub(crate) fn count_token_ids(v: Option<&Value>) -> u64 {
 /// concatenated, and a `\n` goes between pieces of different keys. So a
 /// stream of deltas and the equivalent non-streamed body give the same text,
 /// and two choices or blocks never run into one word.
+///
+/// It also keeps each key's text apart: when keys interleave (an `n > 1`
+/// stream alternating choices token by token), the joined text is a shuffle
+/// of words that no detector can read, and scanners use the per-key texts.
 #[derive(Debug, Default)]
 pub(crate) struct Segments {
     current: Option<(u64, u64)>,
+    pub(crate) by_key: Vec<((u64, u64), String)>,
+    /// A key came back after another key was written.
+    pub(crate) interleaved: bool,
 }
 
 impl Segments {
@@ -202,6 +209,15 @@ impl Segments {
             out.push('\n');
         }
         out.push_str(text);
+        match self.by_key.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, t)) => {
+                if self.current != Some(key) {
+                    self.interleaved = true;
+                }
+                t.push_str(text);
+            }
+            None => self.by_key.push((key, text.to_string())),
+        }
         self.current = Some(key);
     }
 

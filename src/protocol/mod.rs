@@ -279,6 +279,24 @@ pub struct Output {
     pub truncated: bool,
     /// The upstream sent an error object or error event.
     pub upstream_error: bool,
+    /// Texts of different choices (or blocks) arrived interleaved, so `text`
+    /// shuffles their words; `by_key` holds each one whole.
+    pub interleaved: bool,
+    /// Each choice's (or block's) text, in first-seen order; filled only
+    /// when `interleaved`, at `finish`.
+    pub by_key: Vec<String>,
+}
+
+impl Output {
+    /// The text detectors should read: `text`, or the choices one after the
+    /// other when they arrived interleaved.
+    pub fn scan_text(&self) -> std::borrow::Cow<'_, str> {
+        if self.interleaved {
+            std::borrow::Cow::Owned(self.by_key.join("\n"))
+        } else {
+            std::borrow::Cow::Borrowed(&self.text)
+        }
+    }
 }
 
 /// An incremental response decoder. Feed it body bytes as they arrive, in
@@ -340,6 +358,7 @@ impl ResponseDecoder {
                 out.truncated |= nd.truncated;
             }
         }
+        out.interleaved |= state.seg.interleaved;
     }
 
     /// The body ended: flushes a final unterminated event or parses the
@@ -359,6 +378,10 @@ impl ResponseDecoder {
                 nd.finish(&mut |f| state.frame(endpoint, f, out));
                 out.truncated |= nd.truncated;
             }
+        }
+        out.interleaved |= state.seg.interleaved;
+        if out.interleaved {
+            out.by_key = state.seg.by_key.iter().map(|(_, t)| t.clone()).collect();
         }
     }
 

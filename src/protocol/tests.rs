@@ -1358,3 +1358,28 @@ fn error_bodies_are_valid_json_and_read_back_as_errors() {
         }
     }
 }
+
+#[test]
+fn interleaved_choices_are_kept_apart_for_scanning() {
+    let mut stream = String::new();
+    for (i, w) in ["a1 ", "b1 ", "a2 ", "b2 "].iter().enumerate() {
+        let v = serde_json::json!({"choices": [{"index": i % 2, "delta": {"content": w}}]});
+        stream.push_str(&format!("data: {v}\n\n"));
+    }
+    let mut out = Output::default();
+    let mut d = ResponseDecoder::new(Endpoint::OpenAiChat, BodyFormat::Sse, 1 << 20);
+    d.push(stream.as_bytes(), &mut out);
+    d.finish(&mut out);
+    assert!(out.interleaved);
+    assert_eq!(out.by_key, vec!["a1 a2 ".to_string(), "b1 b2 ".to_string()]);
+    assert_eq!(out.scan_text(), "a1 a2 \nb1 b2 ");
+
+    // Two choices in one body, each whole: not interleaved.
+    let body = r#"{"choices":[{"index":0,"message":{"content":"x y"}},{"index":1,"message":{"content":"z"}}]}"#;
+    let mut out = Output::default();
+    let mut d = ResponseDecoder::new(Endpoint::OpenAiChat, BodyFormat::Json, 1 << 20);
+    d.push(body.as_bytes(), &mut out);
+    d.finish(&mut out);
+    assert!(!out.interleaved);
+    assert_eq!(out.scan_text(), out.text);
+}

@@ -596,3 +596,59 @@ async fn a_chinese_system_prompt_two_tenants_share_is_not_a_leak() {
     assert!(incidents.is_empty(), "{incidents:#?}");
     residue.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_leak_in_one_of_two_interleaved_choices_is_caught() {
+    let fragment = "with Halvorsen Maritime closes on the ninth of March and the purchase price stays at four hundred million kroner";
+    let other = "Bread needs flour water salt and yeast and about an hour of rest before it goes into a hot oven for baking";
+    // An n = 2 stream alternating the two choices word by word.
+    let (a, b): (Vec<&str>, Vec<&str>) =
+        (fragment.split(' ').collect(), other.split(' ').collect());
+    let mut events = String::new();
+    for i in 0..a.len().max(b.len()) {
+        for (index, words) in [(0, &a), (1, &b)] {
+            if let Some(w) = words.get(i) {
+                let delta = serde_json::json!({"choices": [{"index": index, "delta": {"content": format!("{w} ")}}]});
+                events.push_str(&format!("data: {delta}\n\n"));
+            }
+        }
+    }
+    events.push_str("data: [DONE]\n\n");
+    let upstream = FakeUpstream::start(move |r| {
+        if r.headers
+            .get("x-tenant-id")
+            .is_some_and(|v| v == "tenant-b")
+        {
+            Reply::stream("text/event-stream", vec![Bytes::from(events.clone())])
+        } else {
+            Reply::json(r#"{"choices":[{"index":0,"message":{"content":"Noted."}}]}"#)
+        }
+    })
+    .await;
+    let mut config = support::config(&upstream.url());
+    config.tenant.trust_header = true;
+    config.incidents.raw_tenant = true;
+    let (residue, recorder) = support::start(config).await;
+    let mut live = residue.incidents.subscribe();
+    ask(
+        &residue,
+        "tenant-a",
+        None,
+        &format!("Summarise: {A_SECRET}"),
+        false,
+    )
+    .await;
+    let body = serde_json::json!({"stream": true, "n": 2, "messages": [{"role": "user", "content": "Bread?"}]}).to_string();
+    call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", "tenant-b")],
+        &body,
+    )
+    .await;
+    let incidents = incidents_after(&recorder, &mut live, 2).await;
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    assert_eq!(incidents[0].detector, "cross_tenant_ngram");
+    assert_eq!(incidents[0].evidence["source_tenant"], "tenant-a");
+    residue.shutdown().await.unwrap();
+}
