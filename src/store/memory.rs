@@ -87,6 +87,11 @@ struct Shared {
 struct State {
     tenants: Map<TenantKey, u32>,
     tenant_keys: Vec<TenantKey>,
+    /// Records held per tenant index; an index whose count drops to zero is
+    /// freed for reuse, so tenants that come and go (rotating ids) do not
+    /// grow the table without bound.
+    tenant_records: Vec<u32>,
+    free_tenants: Vec<u32>,
     /// Fingerprint (32 bits) → its only posting, or `(MULTI, _)`.
     fps: Map<u32, Posting>,
     /// A one-hash counting filter in front of `fps`: most of an answer's
@@ -116,14 +121,40 @@ struct Held {
 }
 
 impl State {
+    /// The tenant's index, counting one more record for it.
     fn tenant_index(&mut self, key: TenantKey) -> u32 {
         if let Some(i) = self.tenants.get(&key) {
+            self.tenant_records[*i as usize] += 1;
             return *i;
         }
-        let i = self.tenant_keys.len() as u32;
-        self.tenant_keys.push(key);
+        let i = match self.free_tenants.pop() {
+            Some(i) => {
+                self.tenant_keys[i as usize] = key;
+                self.tenant_records[i as usize] = 1;
+                i
+            }
+            None => {
+                self.tenant_keys.push(key);
+                self.tenant_records.push(1);
+                (self.tenant_keys.len() - 1) as u32
+            }
+        };
         self.tenants.insert(key, i);
         i
+    }
+
+    /// One record of the tenant's is gone; frees its index with the last.
+    /// (Its postings went with its records, so nothing refers to it.)
+    fn release_tenant(&mut self, i: u32) {
+        let Some(n) = self.tenant_records.get_mut(i as usize) else {
+            return;
+        };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            let key = self.tenant_keys[i as usize];
+            self.tenants.remove(&key);
+            self.free_tenants.push(i);
+        }
     }
 
     fn postings(&self, fp: u32) -> &[Posting] {
@@ -354,7 +385,7 @@ impl MemoryStore {
                         let p = state.postings(h as u32);
                         !(p.iter().any(|p| p.0 == requester)
                             || (lookup.common_tenants > 0
-                                && distinct_tenants(p) >= lookup.common_tenants))
+                                && at_least_tenants(p, lookup.common_tenants)))
                     };
                     let (mut first, mut last) = (i, i);
                     while first > 0 && foreign_at(first - 1) {
@@ -424,6 +455,7 @@ impl MemoryStore {
                 }
             }
             state.bytes = state.bytes.saturating_sub(held.bytes);
+            state.release_tenant(held.tenant);
             state.evictions += 1;
         }
     }
@@ -512,6 +544,28 @@ mod tests {
         assert!(s.lookup_now(&[query(2, 0, 100)])[0].runs.is_empty());
         let r = s.lookup_now(&[query(3, 0, 100)]);
         assert!(r[0].runs.iter().all(|run| run.tenants == 2));
+    }
+
+    #[test]
+    fn tenants_that_leave_free_their_slot() {
+        let s = MemoryStore::new(Duration::from_millis(5), usize::MAX);
+        for t in 0..50u64 {
+            s.record_now(vec![rec(t, t * 100, t * 100 + 20)]);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        s.record_now(vec![rec(999, 0, 20)]);
+        let state = s.lock();
+        assert!(state.tenants.len() <= 2, "{}", state.tenants.len());
+        assert!(state.tenant_keys.len() <= 50);
+        drop(state);
+        // The reused slot answers for its new tenant only.
+        let r = s.lookup_now(&[query(5, 0, 20)]);
+        assert!(
+            r[0].runs.iter().all(|run| run.tenant == 999),
+            "{:?}",
+            r[0].runs
+        );
     }
 
     #[test]
