@@ -351,6 +351,20 @@ pub struct FingerprintConfig {
     pub cjk_w: Option<usize>,
 }
 
+impl FingerprintConfig {
+    /// Shingle and winnowing parameters: the configured ones, the measured
+    /// defaults for the rest.
+    pub fn params(&self) -> crate::fingerprint::FingerprintParams {
+        let d = crate::fingerprint::FingerprintParams::default();
+        crate::fingerprint::FingerprintParams {
+            word_k: self.word_k.unwrap_or(d.word_k),
+            word_w: self.word_w.unwrap_or(d.word_w),
+            cjk_k: self.cjk_k.unwrap_or(d.cjk_k),
+            cjk_w: self.cjk_w.unwrap_or(d.cjk_w),
+        }
+    }
+}
+
 impl Default for FingerprintConfig {
     fn default() -> Self {
         FingerprintConfig {

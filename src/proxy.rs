@@ -127,14 +127,10 @@ impl Proxy {
             body_read_timeout: config.server.body_read_timeout,
             actions: config.action.clone(),
             hold_back_chars: config.action.hold_back_chars,
-            hold_back_tokens: {
-                let d = crate::fingerprint::FingerprintParams::default();
-                let (k, w) = (
-                    config.fingerprint.word_k.unwrap_or(d.word_k),
-                    config.fingerprint.word_w.unwrap_or(d.word_w),
-                );
-                2 * (k + w - 1)
-            },
+            hold_back_tokens: 2 * config
+                .fingerprint
+                .params()
+                .guaranteed_run(crate::fingerprint::TokenClass::Word),
             inline_scans: Arc::new(Semaphore::new(config.action.max_concurrent_scans)),
             cross_tenant: scanners.cross_tenant.clone(),
             incidents: scanners.incidents.clone(),
@@ -362,9 +358,7 @@ impl Proxy {
             if format == BodyFormat::Json || encoded {
                 let pending = scan.expect("checked above. This is a bug.");
                 let _keep = (in_flight, ctx.body_permit.take());
-                return self
-                    .enforce_whole(ctx, parts, body, pending, family_label)
-                    .await;
+                return self.enforce_whole(ctx, parts, body, pending).await;
             }
         }
         let hook = Box::new(ResponseHook {
@@ -495,7 +489,6 @@ impl Proxy {
         parts: http::response::Parts,
         body: Incoming,
         pending: PendingExchange,
-        family_label: &'static str,
     ) -> Result<Response<ResponseBody>, Rejection> {
         let action = ctx.action;
         let fail = |reason: &'static str| -> Result<(), Rejection> {
@@ -557,16 +550,7 @@ impl Proxy {
                 }
             }
         }
-        let bytes: Bytes = if chunks.len() == 1 {
-            chunks[0].clone()
-        } else {
-            Bytes::from(
-                chunks
-                    .iter()
-                    .flat_map(|c| c.iter().copied())
-                    .collect::<Vec<u8>>(),
-            )
-        };
+        let bytes = concat(&chunks, total);
         self.metrics
             .bytes
             .with_label_values(&["response"])
@@ -628,7 +612,6 @@ impl Proxy {
             fail("the scanner failed")?;
             return Ok(respond(parts, bytes));
         };
-        let _ = family_label;
         match verdict(action, &findings) {
             Verdict::Pass => {
                 self.metrics
@@ -769,15 +752,7 @@ impl Proxy {
                 }
                 chunks.push(data);
             }
-            let bytes = if chunks.len() == 1 {
-                chunks.pop().unwrap_or_default()
-            } else {
-                let mut all = Vec::with_capacity(total);
-                for c in &chunks {
-                    all.extend_from_slice(c);
-                }
-                Bytes::from(all)
-            };
+            let bytes = concat(&chunks, total);
             Ok((bytes, permit))
         };
         match tokio::time::timeout(self.body_read_timeout, read).await {
@@ -842,6 +817,21 @@ impl Proxy {
             counter,
             stream: parsed.stream,
         })
+    }
+}
+
+/// One buffer of `total` bytes from body chunks (no copy for one chunk).
+fn concat(chunks: &[Bytes], total: usize) -> Bytes {
+    match chunks {
+        [] => Bytes::new(),
+        [one] => one.clone(),
+        _ => {
+            let mut all = Vec::with_capacity(total);
+            for c in chunks {
+                all.extend_from_slice(c);
+            }
+            Bytes::from(all)
+        }
     }
 }
 

@@ -27,7 +27,7 @@ use crate::detect::canary::Canaries;
 use crate::detect::cross_tenant::{CrossTenant, Settings};
 use crate::detect::Detector;
 use crate::error::StartError;
-use crate::fingerprint::{FingerprintParams, Fingerprinter};
+use crate::fingerprint::Fingerprinter;
 use crate::hash::HashKey;
 use crate::incident::IncidentSink;
 use crate::metrics::Metrics;
@@ -48,14 +48,8 @@ fn cross_tenant(
     if !detect.ngram && !detect.pii && detect.canary.is_empty() {
         return Ok(None);
     }
-    let defaults = FingerprintParams::default();
     let f = &config.fingerprint;
-    let params = FingerprintParams {
-        word_k: f.word_k.unwrap_or(defaults.word_k),
-        word_w: f.word_w.unwrap_or(defaults.word_w),
-        cjk_k: f.cjk_k.unwrap_or(defaults.cjk_k),
-        cjk_w: f.cjk_w.unwrap_or(defaults.cjk_w),
-    };
+    let params = f.params();
     let rules = match &detect.rules_dir {
         Some(dir) => RuleSet::load_dir(dir).map_err(|e| crate::config::ConfigError {
             errors: e
@@ -86,6 +80,12 @@ fn cross_tenant(
         },
         metrics.clone(),
     ))))
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { what, addr, source })
 }
 
 /// A bound, not yet running residue.
@@ -168,20 +168,8 @@ impl Residue {
             scanners,
             metrics.clone(),
         )?);
-        let listener = TcpListener::bind(config.server.listen)
-            .await
-            .map_err(|source| StartError::Bind {
-                what: "the proxy listener",
-                addr: config.server.listen,
-                source,
-            })?;
-        let admin = TcpListener::bind(config.server.admin_listen)
-            .await
-            .map_err(|source| StartError::Bind {
-                what: "the admin listener",
-                addr: config.server.admin_listen,
-                source,
-            })?;
+        let listener = bind("the proxy listener", config.server.listen).await?;
+        let admin = bind("the admin listener", config.server.admin_listen).await?;
         Ok(Residue {
             proxy,
             listener,
