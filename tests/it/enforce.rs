@@ -48,6 +48,21 @@ fn config(upstream: &FakeUpstream, action: Action) -> residue::Config {
     c
 }
 
+/// A chat request to residue as `tenant`.
+async fn as_tenant(
+    residue: &residue::Running,
+    tenant: &str,
+    body: &str,
+) -> (StatusCode, http::HeaderMap, Bytes) {
+    call(
+        residue.addr,
+        "/v1/chat/completions",
+        &[("x-tenant-id", tenant)],
+        body,
+    )
+    .await
+}
+
 fn lead_in() -> String {
     "Thanks for your question about baking bread at home. ".repeat(8)
 }
@@ -58,21 +73,9 @@ async fn block_replaces_a_leaking_answer_with_an_error() {
     let up = upstream(answer).await;
     let (residue, recorder) = support::start(config(&up, Action::Block)).await;
     let mut live = residue.incidents.subscribe();
-    call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-a")],
-        &chat(false, A_PROMPT),
-    )
-    .await;
+    as_tenant(&residue, "tenant-a", &chat(false, A_PROMPT)).await;
     recorder.wait_for(1).await;
-    let (status, headers, body) = call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-b")],
-        &chat(false, "Bread?"),
-    )
-    .await;
+    let (status, headers, body) = as_tenant(&residue, "tenant-b", &chat(false, "Bread?")).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(headers["x-residue-error"], "answer_blocked");
     let text = String::from_utf8_lossy(&body);
@@ -106,13 +109,7 @@ async fn block_cuts_a_leaking_stream_before_any_leaked_byte_is_sent() {
     let up = upstream(answer.clone()).await;
     let (residue, recorder) = support::start(config(&up, Action::Block)).await;
     let mut live = residue.incidents.subscribe();
-    call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-a")],
-        &chat(false, A_PROMPT),
-    )
-    .await;
+    as_tenant(&residue, "tenant-a", &chat(false, A_PROMPT)).await;
     recorder.wait_for(1).await;
 
     let req = http::Request::post(format!("http://{}/v1/chat/completions", residue.addr))
@@ -159,13 +156,7 @@ async fn clean_answers_pass_block_mode_unchanged() {
     let answer = lead_in();
     let up = upstream(answer.clone()).await;
     let (residue, _) = support::start(config(&up, Action::Block)).await;
-    call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-a")],
-        &chat(false, A_PROMPT),
-    )
-    .await;
+    as_tenant(&residue, "tenant-a", &chat(false, A_PROMPT)).await;
     for stream in [false, true] {
         let direct = call(
             up.addr,
@@ -174,13 +165,7 @@ async fn clean_answers_pass_block_mode_unchanged() {
             &chat(stream, "Bread?"),
         )
         .await;
-        let proxied = call(
-            residue.addr,
-            "/v1/chat/completions",
-            &[("x-tenant-id", "tenant-b")],
-            &chat(stream, "Bread?"),
-        )
-        .await;
+        let proxied = as_tenant(&residue, "tenant-b", &chat(stream, "Bread?")).await;
         assert_eq!(proxied.0, StatusCode::OK);
         assert_eq!(proxied.2, direct.2, "stream={stream}");
     }
@@ -193,21 +178,9 @@ async fn redact_masks_exactly_the_span() {
     let up = upstream(answer.clone()).await;
     let (residue, recorder) = support::start(config(&up, Action::Redact)).await;
     let mut live = residue.incidents.subscribe();
-    call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-a")],
-        &chat(false, A_PROMPT),
-    )
-    .await;
+    as_tenant(&residue, "tenant-a", &chat(false, A_PROMPT)).await;
     recorder.wait_for(1).await;
-    let (status, _, body) = call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-b")],
-        &chat(false, "Who?"),
-    )
-    .await;
+    let (status, _, body) = as_tenant(&residue, "tenant-b", &chat(false, "Who?")).await;
     assert_eq!(status, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let masked = "*".repeat("jane.doe@halvorsen.example".len());
@@ -230,13 +203,7 @@ async fn answers_too_large_to_hold_fail_open_or_closed_as_configured() {
         c.observe.max_response_bytes = 64;
         c.action.fail_closed = fail_closed;
         let (residue, _) = support::start(c).await;
-        let (status, _, _) = call(
-            residue.addr,
-            "/v1/chat/completions",
-            &[("x-tenant-id", "tenant-b")],
-            &chat(false, "Bread?"),
-        )
-        .await;
+        let (status, _, _) = as_tenant(&residue, "tenant-b", &chat(false, "Bread?")).await;
         let outcome = if fail_closed {
             "fail_closed"
         } else {
@@ -268,23 +235,11 @@ async fn a_retried_leak_is_blocked_again() {
     let answer = format!("{} Also, {FRAGMENT}.", lead_in());
     let up = upstream(answer).await;
     let (residue, recorder) = support::start(config(&up, Action::Block)).await;
-    call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-a")],
-        &chat(false, A_PROMPT),
-    )
-    .await;
+    as_tenant(&residue, "tenant-a", &chat(false, A_PROMPT)).await;
     recorder.wait_for(1).await;
     for attempt in 0..3 {
         for stream in [false, true] {
-            let (status, _, body) = call(
-                residue.addr,
-                "/v1/chat/completions",
-                &[("x-tenant-id", "tenant-b")],
-                &chat(stream, "Bread?"),
-            )
-            .await;
+            let (status, _, body) = as_tenant(&residue, "tenant-b", &chat(stream, "Bread?")).await;
             let text = String::from_utf8_lossy(&body);
             assert!(
                 !text.contains("Halvorsen"),
@@ -310,21 +265,9 @@ async fn a_leak_of_long_tokens_is_held_back_by_tokens_not_bytes() {
     let answer = format!("{}Here they are: {secret} and that is all.", lead_in());
     let up = upstream(answer).await;
     let (residue, recorder) = support::start(config(&up, Action::Block)).await;
-    call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-a")],
-        &chat(false, &a_prompt),
-    )
-    .await;
+    as_tenant(&residue, "tenant-a", &chat(false, &a_prompt)).await;
     recorder.wait_for(1).await;
-    let (_, _, body) = call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-b")],
-        &chat(true, "Bread?"),
-    )
-    .await;
+    let (_, _, body) = as_tenant(&residue, "tenant-b", &chat(true, "Bread?")).await;
     let got = String::from_utf8_lossy(&body);
     assert!(
         !got.contains("halvorsen_maritime"),
@@ -342,13 +285,7 @@ async fn a_stream_too_long_to_check_fails_closed_when_configured() {
     c.observe.max_response_bytes = 200;
     c.action.fail_closed = true;
     let (residue, _) = support::start(c).await;
-    let (status, _, body) = call(
-        residue.addr,
-        "/v1/chat/completions",
-        &[("x-tenant-id", "tenant-b")],
-        &chat(true, "Bread?"),
-    )
-    .await;
+    let (status, _, body) = as_tenant(&residue, "tenant-b", &chat(true, "Bread?")).await;
     assert_eq!(status, StatusCode::OK);
     let got = String::from_utf8_lossy(&body);
     assert!(
