@@ -8,9 +8,9 @@
 //!
 //! Memory: fingerprints are indexed by 32 bits of their hash (a collision
 //! only proposes a candidate, which the record's Bloom filter over the full
-//! 64-bit hash then rejects), postings are `(tenant index, record id)` pairs
-//! of `u32`, and records keep their fingerprints (for eviction) and a Bloom
-//! filter of all their shingles (for verification). PII values are indexed
+//! 64-bit hashes then rejects), postings are `(tenant index, record id)`
+//! pairs of `u32`, and records keep their fingerprints (for eviction) and a
+//! Bloom filter of every pair of adjacent shingles (for verification). PII values are indexed
 //! by their full 64-bit hash: they have no second check.
 
 use std::collections::{HashMap, VecDeque};
@@ -311,7 +311,7 @@ impl MemoryStore {
             for h in &pii {
                 state.pii.entry(*h).or_default().push((tenant, id));
             }
-            let bloom = Bloom::new(&record.shingles);
+            let bloom = Bloom::new(&adjacent_pairs(&record.shingles));
             let bytes = RECORD_BYTES
                 + fps.len() * (FP_SLOT_BYTES + FP_KEPT_BYTES)
                 + pii.len() * PII_BYTES
@@ -368,30 +368,32 @@ impl MemoryStore {
                     let Some(held) = state.record_at(id) else {
                         continue;
                     };
-                    // The full hash must be in the record: this rejects
-                    // 32-bit index collisions.
-                    if !held.bloom.contains(*h) {
+                    // The record must hold the seed next to one of its
+                    // neighbours in the answer: this rejects 32-bit index
+                    // collisions and lone shared shingles.
+                    let q = &lookup.shingles;
+                    let linked = |j: usize| held.bloom.contains(pair(q[j], q[j + 1]));
+                    if !((i > 0 && linked(i - 1)) || (i + 1 < q.len() && linked(i))) {
                         continue;
                     }
-                    // Extend through the record's shingles, but not into the
+                    // Extend through shingles the record holds *next to each
+                    // other* (a run stitched from scattered places of the
+                    // record is not the record's text), but not into the
                     // requester's own or boilerplate fingerprints: a run of
                     // shared public text next to one foreign shingle is not
                     // the foreign tenant's.
                     let foreign_at = |j: usize| {
-                        let h = lookup.shingles[j];
-                        if !held.bloom.contains(h) {
-                            return false;
-                        }
+                        let h = q[j];
                         let p = state.postings(h as u32);
                         !(p.iter().any(|p| p.0 == requester)
                             || (lookup.common_tenants > 0
                                 && at_least_tenants(p, lookup.common_tenants)))
                     };
                     let (mut first, mut last) = (i, i);
-                    while first > 0 && foreign_at(first - 1) {
+                    while first > 0 && linked(first - 1) && foreign_at(first - 1) {
                         first -= 1;
                     }
-                    while last + 1 < lookup.shingles.len() && foreign_at(last + 1) {
+                    while last + 1 < q.len() && linked(last) && foreign_at(last + 1) {
                         last += 1;
                     }
                     walked.push((id, first, last));
@@ -472,6 +474,21 @@ impl MemoryStore {
     }
 }
 
+/// The key of two shingles that follow each other: what a record's Bloom
+/// filter holds, so that a run is only extended through text the record
+/// has in the same order. (Shingle hashes are keyed and uniform; the
+/// finaliser keeps the pair's halves independent for double hashing.)
+fn pair(a: u64, b: u64) -> u64 {
+    let mut z = a.rotate_left(23) ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn adjacent_pairs(shingles: &[u64]) -> Vec<u64> {
+    shingles.windows(2).map(|w| pair(w[0], w[1])).collect()
+}
+
 impl FingerprintStore for MemoryStore {
     fn record(&self, batch: Vec<Record>) -> BoxFuture<'_, Result<(), StoreError>> {
         self.record_now(batch);
@@ -535,6 +552,22 @@ mod tests {
         assert_eq!(r[0].runs.len(), 1, "{:?}", r[0].runs);
         let run = &r[0].runs[0];
         assert_eq!((run.tenant, run.first, run.last), (1, 50, 79));
+    }
+
+    #[test]
+    fn runs_are_not_stitched_from_scattered_shingles() {
+        let s = MemoryStore::new(Duration::from_secs(60), usize::MAX);
+        s.record_now(vec![rec(1, 0, 100)]);
+        // Two pieces of tenant 1's text, 20 shingles each, from two places
+        // of its record, put side by side: two runs, not one of 40.
+        let mut q = query(2, 10_000, 10_010);
+        q.shingles.extend((0..20).map(mix));
+        q.shingles.extend((60..80).map(mix));
+        let r = s.lookup_now(&[q]);
+        let mut runs: Vec<(usize, usize)> = r[0].runs.iter().map(|r| (r.first, r.last)).collect();
+        runs.sort_unstable();
+        runs.dedup();
+        assert_eq!(runs, vec![(10, 29), (30, 49)]);
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //! The store never sees text or tenant ids: only keyed hashes of shingles
 //! and PII values, and keyed 64-bit tenant keys. Each record keeps
 //! - its winnowed shingle fingerprints, indexed: the candidates;
-//! - a Bloom filter of *all* its shingles: the verifier. A candidate match is
-//!   extended left and right through the query's consecutive shingles while
-//!   the record's filter holds them, so the store reports real shared runs,
-//!   not single k-gram coincidences ("here's an example of");
+//! - a Bloom filter of every pair of adjacent shingles: the verifier. A
+//!   candidate match is extended left and right through the query's
+//!   consecutive shingles while the record holds each of them right after
+//!   the one before, so the store reports real shared runs — not single
+//!   k-gram coincidences ("here's an example of"), nor runs stitched from
+//!   shingles scattered over the record;
 //! - its PII value hashes, indexed exactly.
 //!
 //! Its interface is batch-shaped and asynchronous so that a shared
@@ -37,7 +39,8 @@ pub struct Record {
     pub kind: Option<ContentKind>,
     /// Winnowed shingle hashes (indexed).
     pub fingerprints: Vec<u64>,
-    /// Every shingle hash (kept only in the record's Bloom filter).
+    /// Every shingle hash, in text order (kept only as adjacent pairs in the
+    /// record's Bloom filter).
     pub shingles: Vec<u64>,
     /// PII value hashes (indexed exactly).
     pub pii: Vec<u64>,
