@@ -19,6 +19,7 @@ pub mod observe;
 pub mod protocol;
 pub mod proxy;
 pub mod rules;
+pub mod scenario;
 pub mod server;
 pub mod store;
 pub mod telemetry;
