@@ -9,6 +9,12 @@
 //!   that much scanned, clean text follows them, so a leak found inside the
 //!   window is never sent. On a finding the held frames are dropped and the
 //!   stream ends with an error event in the family's own framing.
+//!
+//! In redact mode a stream is held as whole events instead of raw frames
+//! (see [`Redactor`]), each knowing the range of answer text it added, so a
+//! leak found while still held is masked inside its events and the stream
+//! carries on. A leak that began in text already sent, or that cannot be
+//! found in its event as written, cuts the stream as block mode does.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -143,8 +149,10 @@ pub fn error_event(family: Family, format: BodyFormat, kind: &str, message: &str
 /// not be checked (the fingerprint store failed).
 pub type ScanFn = Arc<dyn Fn(String, bool) -> Result<Vec<Finding>, ()> + Send + Sync>;
 
-/// Called once with the findings of a stream that was cut (to report them).
-pub type OnBlock = Box<dyn FnOnce(Vec<Finding>) + Send>;
+/// Called with findings to report and what was done about them: `"block"`
+/// once, when the stream is cut (nothing is reported after that), or
+/// `"redact"` each time newly found spans were masked.
+pub type OnFindings = Box<dyn FnMut(Vec<Finding>, &'static str) + Send>;
 
 /// Called when a stream could not be checked: `true` when it was cut (fail
 /// closed), `false` when it was passed unchecked (fail open).
@@ -163,6 +171,9 @@ pub struct Guard {
     /// Answer text past which the stream is not checked (fail open/closed).
     pub max_text: usize,
     pub fail_closed: bool,
+    /// What a finding does: [`Action::Redact`] masks leaked spans while they
+    /// are held; anything else cuts the stream.
+    pub action: Action,
 }
 
 /// Word-equivalents in `text`: each whitespace-separated chunk is one; each
@@ -197,6 +208,358 @@ pub fn token_weight(text: &str) -> f64 {
     words as f64 + cjk as f64 * 0.6
 }
 
+/// One frame not yet released, with the range of answer text decoded from
+/// it (`start..end`; in block mode only `end` is used).
+struct Held {
+    frame: Frame<Bytes>,
+    start: usize,
+    end: usize,
+}
+
+/// Redact mode's state. Frames are re-cut into whole events (SSE: up to the
+/// blank line; NDJSON: one line), fed to the decoder line by line so that
+/// the text each event adds is known, and held as such. A span is masked
+/// in the JSON string of each held event it touches.
+#[derive(Default)]
+struct Redactor {
+    on: bool,
+    /// Bytes of the event being read (not yet complete).
+    pending: Vec<u8>,
+    /// Answer text length when `pending` began.
+    unit_start: usize,
+    /// Answer text masked so far: sorted, disjoint ranges.
+    masked: Vec<(usize, usize)>,
+    /// Each masked span's text (at least [`MIN_ECHO`] bytes) and its mask,
+    /// masked again wherever it recurs in a JSON string value of a released
+    /// frame: events the decoder does not count as text (TGI's final
+    /// `generated_text`, the responses API's `output_text.done`) repeat it.
+    echoes: Vec<(String, String)>,
+    /// End of the answer text already released.
+    released: usize,
+}
+
+/// Shorter masked texts are not searched for in released frames (they could
+/// match values that are not answer text, such as a role or a reason).
+const MIN_ECHO: usize = 8;
+
+/// What a scan with findings leads to in redact mode.
+enum Redaction {
+    /// Nothing new: every span was masked before.
+    Nothing,
+    /// New spans were masked; report these findings (those with a span not
+    /// touching anything masked before) as redacted.
+    Masked(Vec<Finding>),
+    /// The leak cannot be masked: cut the stream, reporting these.
+    Cut(Vec<Finding>),
+}
+
+impl Redactor {
+    /// Moves the event being read, if any, to the held queue.
+    fn flush(&mut self, held: &mut VecDeque<Held>, text_len: usize) {
+        if !self.pending.is_empty() {
+            let bytes = Bytes::from(std::mem::take(&mut self.pending));
+            held.push_back(Held {
+                frame: Frame::data(bytes),
+                start: self.unit_start,
+                end: text_len,
+            });
+        }
+        self.unit_start = text_len;
+    }
+
+    /// Decodes `data` a line at a time, holding each completed event alone.
+    fn push(
+        &mut self,
+        data: &[u8],
+        decoder: &mut ResponseDecoder,
+        output: &mut Output,
+        held: &mut VecDeque<Held>,
+    ) {
+        let mut rest = data;
+        while !rest.is_empty() {
+            let cut = rest
+                .iter()
+                .position(|&b| b == b'\n' || b == b'\r')
+                .map_or(rest.len(), |i| i + 1);
+            let (line, tail) = rest.split_at(cut);
+            let before = (output.events, output.text.len());
+            decoder.push(line, output);
+            self.pending.extend_from_slice(line);
+            if (output.events, output.text.len()) != before {
+                self.flush(held, output.text.len());
+            }
+            rest = tail;
+        }
+    }
+
+    /// The frame's bytes as they may go out: every masked text that recurs
+    /// in one of its JSON string values masked there too.
+    fn release(&mut self, held: Held) -> Frame<Bytes> {
+        self.released = self.released.max(held.end);
+        let frame = held.frame;
+        if self.echoes.is_empty() {
+            return frame;
+        }
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(other) => return other,
+        };
+        let mut out = Vec::new();
+        let mut copied = 0;
+        for (s, e) in string_values(&data) {
+            let Ok(mut value) = serde_json::from_slice::<String>(&data[s..e]) else {
+                continue;
+            };
+            let mut changed = false;
+            for (from, to) in &self.echoes {
+                if value.contains(from.as_str()) {
+                    value = value.replace(from.as_str(), to);
+                    changed = true;
+                }
+            }
+            if let (true, Ok(now)) = (changed, serde_json::to_string(&value)) {
+                out.extend_from_slice(&data[copied..s]);
+                out.extend_from_slice(now.as_bytes());
+                copied = e;
+            }
+        }
+        if copied == 0 {
+            return Frame::data(data);
+        }
+        out.extend_from_slice(&data[copied..]);
+        Frame::data(Bytes::from(out))
+    }
+
+    /// Masks in the held events the spans of `findings` not masked before.
+    /// Changes nothing unless every new span can be masked.
+    fn apply(
+        &mut self,
+        findings: Vec<Finding>,
+        text: &str,
+        held: &mut VecDeque<Held>,
+    ) -> Redaction {
+        let spans = match verdict(Action::Redact, &findings) {
+            Verdict::Pass => return Redaction::Nothing,
+            Verdict::Block => return Redaction::Cut(findings),
+            Verdict::Redact(spans) => spans,
+        };
+        let pieces: Vec<(usize, usize)> = spans
+            .iter()
+            .flat_map(|&s| subtract(s, &self.masked))
+            .collect();
+        if pieces.is_empty() {
+            return Redaction::Nothing;
+        }
+        let old = &self.masked;
+        let new: Vec<Finding> = findings
+            .into_iter()
+            .filter(|f| f.spans.iter().any(|&s| !subtract(s, old).is_empty()))
+            .collect();
+        // A span that grew (an n-gram match running on) was reported once.
+        let report: Vec<Finding> = new
+            .iter()
+            .filter(|f| {
+                f.spans
+                    .iter()
+                    .any(|&(s, e)| !old.iter().any(|&(ms, me)| s < me && ms < e))
+            })
+            .cloned()
+            .collect();
+        // Already sent, or not answer text at all: it cannot be masked.
+        if pieces.iter().any(|&(s, e)| {
+            s < self.released
+                || e > text.len()
+                || !text.is_char_boundary(s)
+                || !text.is_char_boundary(e)
+        }) {
+            return Redaction::Cut(new);
+        }
+        let mut masked = self.masked.clone();
+        masked.extend_from_slice(&pieces);
+        let masked = merge(masked);
+        let mut rendered = Vec::new();
+        for (i, h) in held.iter().enumerate() {
+            if !pieces.iter().any(|&(s, e)| s < h.end && h.start < e) {
+                continue;
+            }
+            let Some(data) = h.frame.data_ref() else {
+                return Redaction::Cut(new);
+            };
+            match render(data, text, (h.start, h.end), &self.masked, &masked) {
+                Some(bytes) => rendered.push((i, bytes)),
+                None => return Redaction::Cut(new),
+            }
+        }
+        for (i, bytes) in rendered {
+            if let Some(h) = held.get_mut(i) {
+                h.frame = Frame::data(Bytes::from(bytes));
+            }
+        }
+        for &(s, e) in &spans {
+            if subtract((s, e), &self.masked).is_empty() {
+                continue;
+            }
+            let Some(m) = text.get(s..e) else { continue };
+            if m.len() >= MIN_ECHO && !self.echoes.iter().any(|(f, _)| f == m) {
+                self.echoes.push((m.to_owned(), mask_of(m)));
+            }
+        }
+        self.masked = masked;
+        Redaction::Masked(report)
+    }
+}
+
+/// Sorted, disjoint ranges covering the same as `ranges` (empty ones
+/// dropped).
+fn merge(mut ranges: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    ranges.retain(|&(s, e)| s < e);
+    ranges.sort_unstable();
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (s, e) in ranges {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// The parts of `span` outside the sorted, disjoint `ranges`.
+fn subtract(span: (usize, usize), ranges: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let (mut s, e) = span;
+    let mut out = Vec::new();
+    for &(rs, re) in ranges {
+        if re <= s || rs >= e {
+            continue;
+        }
+        if rs > s {
+            out.push((s, rs));
+        }
+        s = s.max(re);
+        if s >= e {
+            break;
+        }
+    }
+    if s < e {
+        out.push((s, e));
+    }
+    out
+}
+
+/// `t` (answer text from byte `off` on) with each non-whitespace character
+/// inside `ranges` replaced by `*`, as [`mask_of`] does.
+fn masked_text(t: &str, off: usize, ranges: &[(usize, usize)]) -> String {
+    t.char_indices()
+        .map(|(i, c)| {
+            let p = off + i;
+            if !c.is_whitespace() && ranges.iter().any(|&(s, e)| s <= p && p < e) {
+                '*'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// One event's bytes with its text re-masked from `old` to `new` ranges.
+/// The event's text is the one JSON string value in it that reads as the
+/// text (as masked so far); `None` when there is not exactly one.
+fn render(
+    event: &[u8],
+    text: &str,
+    (start, end): (usize, usize),
+    old: &[(usize, usize)],
+    new: &[(usize, usize)],
+) -> Option<Vec<u8>> {
+    let unit = text.get(start..end)?;
+    let mut targets = vec![(unit, start)];
+    // The decoder puts a `\n` between the texts of different choices or
+    // blocks; it is not in the event.
+    if let Some(rest) = unit.strip_prefix('\n') {
+        targets.push((rest, start + 1));
+    }
+    let literals = string_values(event);
+    for (t, off) in targets {
+        if t.is_empty() {
+            continue;
+        }
+        let was = masked_text(t, off, old);
+        let hits: Vec<(usize, usize)> = literals
+            .iter()
+            .copied()
+            .filter(|&(s, e)| {
+                serde_json::from_slice::<String>(&event[s..e]).is_ok_and(|v| v == was)
+            })
+            .collect();
+        match hits.as_slice() {
+            [] => continue,
+            [(s, e)] => {
+                let now = serde_json::to_string(&masked_text(t, off, new)).ok()?;
+                let mut out = Vec::with_capacity(event.len());
+                out.extend_from_slice(&event[..*s]);
+                out.extend_from_slice(now.as_bytes());
+                out.extend_from_slice(&event[*e..]);
+                return Some(out);
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// The byte ranges (quotes included) of the JSON string literals in an SSE
+/// event or NDJSON line that are values, not object keys. Comment lines
+/// (`:` first) are skipped; a literal never spans lines.
+fn string_values(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut line_start = true;
+    let mut comment = false;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'\n' || b == b'\r' {
+            line_start = true;
+            comment = false;
+            i += 1;
+            continue;
+        }
+        if line_start {
+            line_start = false;
+            comment = b == b':';
+        }
+        if comment || b != b'"' {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        let mut closed = None;
+        while j < bytes.len() {
+            match bytes[j] {
+                b'\\' => j += 2,
+                b'"' => {
+                    closed = Some(j);
+                    break;
+                }
+                b'\n' | b'\r' => break,
+                _ => j += 1,
+            }
+        }
+        let Some(j) = closed else {
+            i = j.min(bytes.len());
+            continue;
+        };
+        let next = bytes[j + 1..]
+            .iter()
+            .copied()
+            .find(|c| !matches!(c, b' ' | b'\t'));
+        if next != Some(b':') {
+            out.push((i, j + 1));
+        }
+        i = j + 1;
+    }
+    out
+}
+
 pin_project! {
     /// See the module documentation.
     pub struct GuardBody<B> {
@@ -204,20 +567,20 @@ pin_project! {
         inner: B,
         decoder: ResponseDecoder,
         output: Output,
-        // Frames not yet released, each with the answer-text length once it
-        // was decoded.
-        held: VecDeque<(Frame<Bytes>, usize)>,
+        // Frames not yet released, each with the answer text decoded from it.
+        held: VecDeque<Held>,
         // Answer text covered by the last clean scan.
         scanned: usize,
         scan: ScanFn,
         in_flight: Option<(JoinHandle<Result<Vec<Finding>, ()>>, usize, bool)>,
         guard: Guard,
+        redactor: Redactor,
         upstream_done: bool,
         // The final scan passed, or checking was given up (fail open): every
         // held frame may go.
         finished: bool,
         blocked_event: Option<Bytes>,
-        on_block: Option<OnBlock>,
+        on_findings: Option<OnFindings>,
         on_fail: Option<OnFail>,
         done: bool,
     }
@@ -230,7 +593,7 @@ impl<B> GuardBody<B> {
         format: BodyFormat,
         guard: Guard,
         scan: ScanFn,
-        on_block: OnBlock,
+        on_findings: OnFindings,
         on_fail: OnFail,
     ) -> Self {
         let error = error_event(
@@ -239,6 +602,9 @@ impl<B> GuardBody<B> {
             "cross_tenant_leak",
             "this answer was stopped because it carried another tenant's data",
         );
+        // SGLang streams resend the whole text so far in every event: a span
+        // masked in one would be sent whole in the next. Those are cut.
+        let redact = guard.action == Action::Redact && endpoint.family() != Family::Sglang;
         GuardBody {
             inner,
             decoder: ResponseDecoder::new(endpoint, format, guard.max_text),
@@ -248,10 +614,14 @@ impl<B> GuardBody<B> {
             scan,
             in_flight: None,
             guard,
+            redactor: Redactor {
+                on: redact,
+                ..Redactor::default()
+            },
             upstream_done: false,
             finished: false,
             blocked_event: Some(error),
-            on_block: Some(on_block),
+            on_findings: Some(on_findings),
             on_fail: Some(on_fail),
             done: false,
         }
@@ -277,6 +647,7 @@ where
             () => {{
                 if this.guard.fail_closed {
                     this.held.clear();
+                    this.redactor.pending.clear();
                     *this.done = true;
                     if let Some(f) = this.on_fail.take() {
                         f(true);
@@ -284,6 +655,7 @@ where
                     this.blocked_event.take()
                 } else {
                     *this.finished = true;
+                    this.redactor.flush(this.held, this.output.text.len());
                     if let Some(f) = this.on_fail.take() {
                         f(false);
                     }
@@ -291,20 +663,38 @@ where
                 }
             }};
         }
+        // Drop what is held and end with the error event, reporting `findings`.
+        macro_rules! cut {
+            ($findings:expr) => {{
+                this.held.clear();
+                this.redactor.pending.clear();
+                *this.done = true;
+                if let Some(mut report) = this.on_findings.take() {
+                    report($findings, "block");
+                }
+                let event = this.blocked_event.take().unwrap_or_default();
+                return Poll::Ready(Some(Ok(Frame::data(event))));
+            }};
+        }
         loop {
             if *this.done {
                 return Poll::Ready(None);
             }
             // 1. Release a frame once enough clean, scanned text follows it.
-            if let Some((_, end)) = this.held.front() {
-                let end = *end;
+            if let Some(front) = this.held.front() {
+                let end = front.end;
                 let safe = *this.finished
                     || (end + this.guard.hold_back <= *this.scanned
                         && this.output.text.get(end..*this.scanned).is_some_and(|t| {
                             token_weight(t) >= this.guard.hold_back_tokens as f64
                         }));
                 if safe {
-                    if let Some((frame, _)) = this.held.pop_front() {
+                    if let Some(h) = this.held.pop_front() {
+                        let frame = if this.redactor.on {
+                            this.redactor.release(h)
+                        } else {
+                            h.frame
+                        };
                         return Poll::Ready(Some(Ok(frame)));
                     }
                 }
@@ -324,6 +714,8 @@ where
                                 this.decoder,
                                 this.output,
                                 this.held,
+                                this.redactor,
+                                *this.finished,
                                 this.upstream_done,
                             ) {
                                 if let Some(e) = r {
@@ -340,14 +732,21 @@ where
                 let (upto, last) = (*upto, *last);
                 *this.in_flight = None;
                 match outcome {
+                    Ok(findings) if !findings.is_empty() && !this.redactor.on => cut!(findings),
                     Ok(findings) if !findings.is_empty() => {
-                        this.held.clear();
-                        *this.done = true;
-                        if let Some(on_block) = this.on_block.take() {
-                            on_block(findings);
+                        match this.redactor.apply(findings, &this.output.text, this.held) {
+                            Redaction::Cut(findings) => cut!(findings),
+                            Redaction::Masked(report) => {
+                                if let Some(f) = this.on_findings.as_mut() {
+                                    f(report, "redact");
+                                }
+                            }
+                            Redaction::Nothing => {}
                         }
-                        let event = this.blocked_event.take().unwrap_or_default();
-                        return Poll::Ready(Some(Ok(Frame::data(event))));
+                        *this.scanned = upto;
+                        if last {
+                            *this.finished = true;
+                        }
                     }
                     Ok(_) => {
                         *this.scanned = upto;
@@ -405,6 +804,8 @@ where
                 this.decoder,
                 this.output,
                 this.held,
+                this.redactor,
+                *this.finished,
                 this.upstream_done,
             ) {
                 Poll::Ready(Some(e)) => return Poll::Ready(Some(Err(e))),
@@ -424,32 +825,52 @@ where
 }
 
 /// Reads one frame from the upstream into the held queue. `Ready(Some(e))`
-/// on an upstream error, `Ready(None)` after a frame or the end.
+/// on an upstream error, `Ready(None)` after a frame or the end. In redact
+/// mode, until checking is over (`finished`), data is held as whole events.
+#[allow(clippy::too_many_arguments)]
 fn read_one<B>(
     inner: Pin<&mut B>,
     cx: &mut Context<'_>,
     decoder: &mut ResponseDecoder,
     output: &mut Output,
-    held: &mut VecDeque<(Frame<Bytes>, usize)>,
+    held: &mut VecDeque<Held>,
+    redactor: &mut Redactor,
+    finished: bool,
     upstream_done: &mut bool,
 ) -> Poll<Option<BoxError>>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
+    let by_event = redactor.on && !finished;
     match inner.poll_frame(cx) {
         Poll::Pending => Poll::Pending,
         Poll::Ready(None) => {
             decoder.finish(output);
+            if redactor.on {
+                redactor.flush(held, output.text.len());
+            }
             *upstream_done = true;
             Poll::Ready(None)
         }
         Poll::Ready(Some(Err(e))) => Poll::Ready(Some(e.into())),
         Poll::Ready(Some(Ok(frame))) => {
-            if let Some(data) = frame.data_ref() {
+            let start = output.text.len();
+            if by_event {
+                if let Some(data) = frame.data_ref() {
+                    redactor.push(data, decoder, output, held);
+                    return Poll::Ready(None);
+                }
+                // Trailers: after whatever event bytes came before them.
+                redactor.flush(held, output.text.len());
+            } else if let Some(data) = frame.data_ref() {
                 decoder.push(data, output);
             }
-            held.push_back((frame, output.text.len()));
+            held.push_back(Held {
+                frame,
+                start,
+                end: output.text.len(),
+            });
             Poll::Ready(None)
         }
     }
@@ -577,6 +998,429 @@ mod tests {
         // Not in the body as written: None.
         assert!(redact_json(b"{}", text, &[(0, 4)]).is_none());
         assert!(redact_json(&body, text, &[(0, 999)]).is_none());
+    }
+
+    // === redact mode on streams ===
+
+    /// A body yielding the given frames, each after `gap` (if any).
+    struct Frames {
+        frames: VecDeque<Bytes>,
+        gap: Option<std::time::Duration>,
+        sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+
+    impl Frames {
+        fn new(frames: Vec<Bytes>) -> Self {
+            Frames {
+                frames: frames.into(),
+                gap: None,
+                sleep: None,
+            }
+        }
+    }
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            if let Some(gap) = self.gap {
+                let sleep = self
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(gap)));
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.sleep = None;
+            }
+            Poll::Ready(self.frames.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    /// `body` cut into frames of `size` bytes (mid-character too).
+    fn split(body: &[u8], size: usize) -> Vec<Bytes> {
+        body.chunks(size).map(Bytes::copy_from_slice).collect()
+    }
+
+    fn openai_event(content: &str) -> String {
+        let v = serde_json::json!({"choices": [{"index": 0, "delta": {"content": content}}]});
+        format!("data: {v}\n\n")
+    }
+
+    /// The reports a guard made: (action, number of findings).
+    type Reports = Arc<std::sync::Mutex<Vec<(&'static str, usize)>>>;
+
+    /// Runs `frames` through a redacting guard whose scanner finds every
+    /// occurrence of each needle; returns what the client gets and the
+    /// reports.
+    async fn guarded(
+        endpoint: Endpoint,
+        format: BodyFormat,
+        frames: Vec<Bytes>,
+        needles: &[&str],
+        hold_back: usize,
+        fail_closed: bool,
+    ) -> (Vec<u8>, Vec<(&'static str, usize)>) {
+        use http_body_util::BodyExt;
+        let needles: Vec<String> = needles.iter().map(|n| n.to_string()).collect();
+        let scan: ScanFn = Arc::new(move |text: String, _last: bool| {
+            Ok(needles
+                .iter()
+                .flat_map(|n| {
+                    text.match_indices(n.as_str())
+                        .map(|(i, m)| (i, i + m.len()))
+                })
+                .map(|span| finding(vec![span]))
+                .collect())
+        });
+        let reports: Reports = Arc::default();
+        let r = reports.clone();
+        let on_findings: OnFindings = Box::new(move |f, action| {
+            r.lock().unwrap().push((action, f.len()));
+        });
+        let guard = Guard {
+            hold_back,
+            hold_back_tokens: 1,
+            max_text: 1 << 20,
+            fail_closed,
+            action: Action::Redact,
+        };
+        let body = GuardBody::new(
+            Frames::new(frames),
+            endpoint,
+            format,
+            guard,
+            scan,
+            on_findings,
+            Box::new(|_| {}),
+        );
+        let out = body.collect().await.unwrap().to_bytes().to_vec();
+        let reports = reports.lock().unwrap().clone();
+        (out, reports)
+    }
+
+    /// The answer text a client reassembles from OpenAI chat SSE events.
+    fn openai_text(sse: &[u8]) -> String {
+        String::from_utf8_lossy(sse)
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            .filter_map(|v| {
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect()
+    }
+
+    fn tail() -> String {
+        (0..40)
+            .map(|i| openai_event(&format!(" word{i}")))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn redact_masks_a_span_straddling_two_sse_events() {
+        let body = format!(
+            "{}{}{}{}{}data: [DONE]\n\n",
+            openai_event("Write to "),
+            openai_event("jane@"),
+            openai_event("x.example"),
+            openai_event(" now."),
+            tail()
+        );
+        for size in [1, 7, 64, body.len()] {
+            let (out, reports) = guarded(
+                Endpoint::OpenAiChat,
+                BodyFormat::Sse,
+                split(body.as_bytes(), size),
+                &["jane@x.example"],
+                16,
+                false,
+            )
+            .await;
+            // Byte-identical but for the masked strings.
+            let want = body
+                .replace("\"jane@\"", "\"*****\"")
+                .replace("\"x.example\"", "\"*********\"");
+            assert_eq!(String::from_utf8_lossy(&out), want, "frames of {size}");
+            assert!(openai_text(&out).starts_with("Write to ************** now. word0"));
+            // Found again by every later scan, reported once.
+            assert_eq!(reports, vec![("redact", 1)], "frames of {size}");
+        }
+    }
+
+    #[tokio::test]
+    async fn redact_masks_a_span_split_mid_character_across_frames() {
+        let secret = "josé.ñúñez@exámple.org";
+        let body = format!(
+            "{}{}{}{}data: [DONE]\n\n",
+            openai_event("Contact: "),
+            openai_event(&format!("{secret}, ")),
+            openai_event("or ask me."),
+            tail()
+        );
+        let bytes = body.as_bytes();
+        // Cut inside the two-byte "é".
+        let at = body.find('é').unwrap() + 1;
+        assert!(!body.is_char_boundary(at));
+        let frames = vec![
+            Bytes::copy_from_slice(&bytes[..at]),
+            Bytes::copy_from_slice(&bytes[at..]),
+        ];
+        for frames in [frames, split(bytes, 3)] {
+            let (out, reports) = guarded(
+                Endpoint::OpenAiChat,
+                BodyFormat::Sse,
+                frames,
+                &[secret],
+                16,
+                false,
+            )
+            .await;
+            let mask = "*".repeat(secret.chars().count());
+            assert!(
+                openai_text(&out).starts_with(&format!("Contact: {mask}, or ask me.")),
+                "{}",
+                openai_text(&out)
+            );
+            assert!(!String::from_utf8_lossy(&out).contains("exámple"));
+            assert!(out.ends_with(b"data: [DONE]\n\n"));
+            assert_eq!(reports, vec![("redact", 1)]);
+        }
+    }
+
+    #[tokio::test]
+    async fn redact_masks_an_ndjson_stream() {
+        let line = |content: &str| {
+            let v = serde_json::json!({"model": "m", "message": {"role": "assistant", "content": content}, "done": false});
+            format!("{v}\n")
+        };
+        let mut body = line("Mail ") + &line("jane.doe@x.") + &line("example please");
+        for i in 0..40 {
+            body += &line(&format!(" w{i}"));
+        }
+        body += "{\"model\":\"m\",\"done\":true,\"eval_count\":44}\n";
+        let (out, reports) = guarded(
+            Endpoint::OllamaChat,
+            BodyFormat::Ndjson,
+            split(body.as_bytes(), 5),
+            &["jane.doe@x.example"],
+            16,
+            false,
+        )
+        .await;
+        let want = body
+            .replace("\"jane.doe@x.\"", "\"***********\"")
+            .replace("\"example please\"", "\"******* please\"");
+        assert_eq!(String::from_utf8_lossy(&out), want);
+        assert_eq!(reports, vec![("redact", 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_span_beginning_in_released_text_cuts_the_stream() {
+        // The scanner only recognises the leak once "TRIGGER" arrives, long
+        // after the leak's first word was released.
+        let body = format!(
+            "{}{}{}{}data: [DONE]\n\n",
+            openai_event("secretstart "),
+            tail(),
+            openai_event(" TRIGGER"),
+            tail()
+        );
+        let scan_needles = ["secretstart"];
+        use http_body_util::BodyExt;
+        let scan: ScanFn = Arc::new(move |text: String, _| {
+            if !text.contains("TRIGGER") {
+                return Ok(Vec::new());
+            }
+            let s = text.find(scan_needles[0]).unwrap();
+            let e = text.find("TRIGGER").unwrap() + "TRIGGER".len();
+            Ok(vec![finding(vec![(s, e)])])
+        });
+        let reports: Reports = Arc::default();
+        let r = reports.clone();
+        let guard = Guard {
+            hold_back: 16,
+            hold_back_tokens: 1,
+            max_text: 1 << 20,
+            fail_closed: false,
+            action: Action::Redact,
+        };
+        let mut frames = Frames::new(split(body.as_bytes(), 40));
+        // Slow enough for each scan to end before the next frame.
+        frames.gap = Some(std::time::Duration::from_millis(3));
+        let out = GuardBody::new(
+            frames,
+            Endpoint::OpenAiChat,
+            BodyFormat::Sse,
+            guard,
+            scan,
+            Box::new(move |f, action| r.lock().unwrap().push((action, f.len()))),
+            Box::new(|_| {}),
+        )
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes();
+        let got = String::from_utf8_lossy(&out);
+        assert!(got.starts_with(&openai_event("secretstart ")), "{got}");
+        assert!(!got.contains("TRIGGER"), "{got}");
+        assert!(!got.contains("[DONE]"), "{got}");
+        assert!(got.ends_with(&*String::from_utf8_lossy(&error_event(
+            Family::OpenAi,
+            BodyFormat::Sse,
+            "cross_tenant_leak",
+            "this answer was stopped because it carried another tenant's data"
+        ))));
+        assert_eq!(*reports.lock().unwrap(), vec![("block", 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_span_that_cannot_be_placed_in_its_event_cuts_the_stream() {
+        // The leaked text is two string values of one event: which one is
+        // the answer's cannot be told, so nothing is guessed.
+        let v = serde_json::json!({"choices": [{"index": 0, "delta": {"content": "jane@x.example"}}], "echo": "jane@x.example"});
+        let body = format!(
+            "{}data: {v}\n\n{}data: [DONE]\n\n",
+            openai_event("Hi "),
+            tail()
+        );
+        let (out, reports) = guarded(
+            Endpoint::OpenAiChat,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 16),
+            &["jane@x.example"],
+            16,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("jane@"), "{got}");
+        assert!(got.contains("cross_tenant_leak"), "{got}");
+        assert_eq!(reports, vec![("block", 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_masked_span_repeated_in_a_summary_event_is_masked_there_too() {
+        // TGI's last event repeats the whole text in `generated_text`.
+        let ev = |text: &str, full: Option<&str>| {
+            let v = serde_json::json!({"token": {"id": 1, "text": text, "special": false}, "generated_text": full});
+            format!("data:{v}\n\n")
+        };
+        let mut body = ev("Write ", None) + &ev("jane@x.example", None);
+        let mut full = "Write jane@x.example".to_string();
+        for i in 0..40 {
+            body += &ev(&format!(" w{i}"), None);
+            full += &format!(" w{i}");
+        }
+        body += &ev(".", Some(&format!("{full}.")));
+        let (out, reports) = guarded(
+            Endpoint::TgiGenerateStream,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 9),
+            &["jane@x.example"],
+            16,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("jane@"), "{got}");
+        assert_eq!(got, body.replace("jane@x.example", "**************"));
+        assert_eq!(reports, vec![("redact", 1)]);
+        // The same, with the summary escaped otherwise ("@" as \u0040).
+        let (head, last) = body.split_at(body.rfind("data:").unwrap());
+        let escaped = format!("{head}{}", last.replace('@', "\\u0040"));
+        let (out, _) = guarded(
+            Endpoint::TgiGenerateStream,
+            BodyFormat::Sse,
+            split(escaped.as_bytes(), 9),
+            &["jane@x.example"],
+            16,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("jane"), "{got}");
+        assert!(
+            got.contains("\"generated_text\":\"Write ************** w0"),
+            "{got}"
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_in_redact_mode_fails_open_or_closed_without_panicking() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut bytes = Vec::new();
+        for _ in 0..4096 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            bytes.push(match seed % 7 {
+                0 => b'\n',
+                1 => b'"',
+                2 => b'\\',
+                3 => b'\r',
+                _ => (seed >> 8) as u8,
+            });
+        }
+        let malformed = format!(
+            "{}data: {{\"choices\": [{{\"delta\": {{\"content\": \"jane@x\n\ndata: \"\\\n\n{}",
+            openai_event("jane@x.example"),
+            tail()
+        );
+        for body in [bytes.clone(), malformed.into_bytes()] {
+            for endpoint in [
+                Endpoint::OpenAiChat,
+                Endpoint::AnthropicMessages,
+                Endpoint::OllamaChat,
+            ] {
+                for format in [BodyFormat::Sse, BodyFormat::Ndjson] {
+                    let needles = ["jane@", "\""];
+                    let frames = split(&body, 13);
+                    let (open, reports) =
+                        guarded(endpoint, format, frames.clone(), &needles, 16, false).await;
+                    if reports.is_empty() {
+                        assert_eq!(open, body, "{endpoint:?} {format:?}");
+                    }
+                    let (closed, _) = guarded(endpoint, format, frames, &needles, 16, true).await;
+                    let cut = error_event(
+                        endpoint.family(),
+                        format,
+                        "cross_tenant_leak",
+                        "this answer was stopped because it carried another tenant's data",
+                    );
+                    assert!(
+                        closed == body || closed.ends_with(&cut),
+                        "{endpoint:?} {format:?}: {}",
+                        String::from_utf8_lossy(&closed)
+                    );
+                }
+            }
+        }
+        // The helpers themselves, on arbitrary bytes.
+        for w in bytes.chunks(97) {
+            let _ = string_values(w);
+            let _ = render(w, "jane@x.example", (0, 14), &[], &[(0, 5)]);
+        }
+    }
+
+    #[test]
+    fn span_arithmetic() {
+        assert_eq!(merge(vec![(5, 9), (1, 3), (2, 6), (10, 10)]), vec![(1, 9)]);
+        assert_eq!(
+            subtract((0, 10), &[(2, 4), (6, 8)]),
+            vec![(0, 2), (4, 6), (8, 10)]
+        );
+        assert_eq!(subtract((3, 7), &[(0, 10)]), vec![]);
+        assert_eq!(subtract((3, 7), &[(0, 5)]), vec![(5, 7)]);
+        assert_eq!(masked_text("a b\ncd", 10, &[(10, 14)]), "* *\ncd");
+        assert_eq!(
+            string_values(b"data: {\"a\": \"x\", \"b\" :\"y\\\"z\"}\n: \"c\"\n"),
+            vec![(12, 15), (22, 28)]
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::body::{BoxError, StreamEnd, StreamHook, TapBody};
 use crate::config::{Action, ActionConfig, Config, RouteConfig};
 use crate::detect::cross_tenant::CrossTenant;
 use crate::detect::Finding;
-use crate::enforce::{redact_json, verdict, Guard, GuardBody, OnBlock, OnFail, ScanFn, Verdict};
+use crate::enforce::{redact_json, verdict, Guard, GuardBody, OnFail, OnFindings, ScanFn, Verdict};
 use crate::error::{ErrorSource, Rejection, StartError};
 use crate::incident::IncidentSink;
 use crate::metrics::Metrics;
@@ -406,7 +406,7 @@ impl Proxy {
                 let scan: ScanFn = Arc::new(move |text: String, last: bool| {
                     cross.try_scan(&tenant, &text, last).map_err(|_| ())
                 });
-                let on_block = self.on_block(ctx, endpoint, status.as_u16());
+                let on_findings = self.on_findings(ctx, endpoint, status.as_u16());
                 let (metrics, action) = (self.metrics.clone(), ctx.action);
                 let on_fail: OnFail = Box::new(move |closed| {
                     let outcome = if closed { "fail_closed" } else { "fail_open" };
@@ -420,8 +420,9 @@ impl Proxy {
                     hold_back_tokens: self.hold_back_tokens,
                     max_text: self.max_response_bytes,
                     fail_closed: self.actions.fail_closed,
+                    action: ctx.action,
                 };
-                GuardBody::new(tapped, endpoint, format, guard, scan, on_block, on_fail)
+                GuardBody::new(tapped, endpoint, format, guard, scan, on_findings, on_fail)
                     .boxed_unsync()
             }
             _ => tapped.boxed_unsync(),
@@ -453,8 +454,10 @@ impl Proxy {
             .unwrap_or(self.actions.default)
     }
 
-    /// Reports the findings of a stream that was cut.
-    fn on_block(&self, ctx: &RequestCtx, endpoint: Endpoint, status: u16) -> OnBlock {
+    /// Reports the findings of a guarded stream: as `block` when it was cut,
+    /// as `redact` when they were masked (the `redacted` outcome counts once
+    /// per stream).
+    fn on_findings(&self, ctx: &RequestCtx, endpoint: Endpoint, status: u16) -> OnFindings {
         let incidents = self.incidents.clone();
         let metrics = self.metrics.clone();
         let probe = IncidentContext {
@@ -463,11 +466,20 @@ impl Proxy {
             endpoint,
             status,
         };
-        Box::new(move |findings| {
-            metrics
-                .enforced
-                .with_label_values(&["block", "blocked"])
-                .inc();
+        let mut counted_redacted = false;
+        Box::new(move |findings, action| {
+            if action == "block" {
+                metrics
+                    .enforced
+                    .with_label_values(&["block", "blocked"])
+                    .inc();
+            } else if !counted_redacted {
+                counted_redacted = true;
+                metrics
+                    .enforced
+                    .with_label_values(&["redact", "redacted"])
+                    .inc();
+            }
             for f in findings {
                 incidents.report_for(
                     &probe.request_id,
@@ -475,7 +487,7 @@ impl Proxy {
                     probe.endpoint,
                     probe.status,
                     f,
-                    "block",
+                    action,
                 );
             }
         })

@@ -194,6 +194,129 @@ async fn redact_masks_exactly_the_span() {
     residue.shutdown().await.unwrap();
 }
 
+/// A streamed chat answer as tenant-b: the raw bytes and the text the
+/// client reassembles from the SSE events.
+async fn stream_as_b(residue: &residue::Running, prompt: &str) -> (String, String) {
+    let (status, _, body) = as_tenant(residue, "tenant-b", &chat(true, prompt)).await;
+    assert_eq!(status, StatusCode::OK);
+    let got = String::from_utf8_lossy(&body).into_owned();
+    let text: String = got
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    (got, text)
+}
+
+#[tokio::test]
+async fn redact_masks_exactly_the_span_in_a_stream() {
+    let answer = format!(
+        "{}You can write to jane.doe@halvorsen.example for details.",
+        lead_in()
+    );
+    let up = upstream(answer.clone()).await;
+    let (residue, recorder) = support::start(config(&up, Action::Redact)).await;
+    let mut live = residue.incidents.subscribe();
+    as_tenant(&residue, "tenant-a", &chat(false, A_PROMPT)).await;
+    recorder.wait_for(1).await;
+    let (got, text) = stream_as_b(&residue, "Who?").await;
+    let masked = "*".repeat("jane.doe@halvorsen.example".len());
+    assert_eq!(
+        text,
+        format!("{}You can write to {masked} for details.", lead_in())
+    );
+    assert!(!got.contains("halvorsen"), "{got}");
+    assert!(
+        got.ends_with("data: [DONE]\n\n"),
+        "a masked stream ends normally: {got}"
+    );
+    let incident = live.recv().await.unwrap();
+    assert_eq!(incident.action, "redact");
+    assert_eq!(incident.detector, "cross_tenant_pii");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn redact_masks_a_leaked_fragment_in_a_stream() {
+    let answer = format!(
+        "{}Also, {FRAGMENT}. And some more text after it.",
+        lead_in()
+    );
+    let up = upstream(answer.clone()).await;
+    let (residue, recorder) = support::start(config(&up, Action::Redact)).await;
+    let mut live = residue.incidents.subscribe();
+    as_tenant(&residue, "tenant-a", &chat(false, A_PROMPT)).await;
+    recorder.wait_for(1).await;
+    let (got, text) = stream_as_b(&residue, "Bread?").await;
+    for word in ["Halvorsen", "Maritime", "merger", "purchase", "kroner"] {
+        assert!(!got.contains(word), "leaked {word:?} to the client:\n{got}");
+    }
+    // The clean text around the fragment is there, as it was sent; the mask
+    // keeps every space and the length of every word.
+    assert!(text.starts_with(&format!("{}Also, ", lead_in())), "{text}");
+    assert!(text.ends_with(". And some more text after it."), "{text}");
+    assert_eq!(text.len(), answer.len(), "{text}");
+    let unmasked = |t: &str| t.split(' ').filter(|w| !w.starts_with('*')).count();
+    assert!(
+        unmasked(&text) <= unmasked(&answer) - FRAGMENT.split(' ').count() + 1,
+        "{text}"
+    );
+    assert!(got.ends_with("data: [DONE]\n\n"), "{got}");
+    assert!(!got.contains("cross_tenant_leak"), "{got}");
+    let incident = live.recv().await.unwrap();
+    assert_eq!(incident.action, "redact");
+    assert_eq!(incident.detector, "cross_tenant_ngram");
+    residue.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn malformed_streams_in_redact_mode_fail_open_or_closed_as_configured() {
+    // A leak, then an event that is not JSON and raw garbage, cut mid-way.
+    let mut body = format!(
+        "data: {}\n\n",
+        serde_json::json!({"choices": [{"index": 0, "delta": {"content": "jane.doe@halvorsen.example"}}]})
+    )
+    .into_bytes();
+    body.extend_from_slice(
+        b"data: {\"choices\": [{\"delta\": {\"content\": \"x\n\ndata: \xff\xfe\"\\\r\r\n",
+    );
+    body.extend_from_slice(&[0x80, b'"', b'\\', b'\n', 0xc3, b'\n', b'\n']);
+    let chunks: Vec<Bytes> = body.chunks(7).map(Bytes::copy_from_slice).collect();
+    for fail_closed in [false, true] {
+        let chunks = chunks.clone();
+        let up = FakeUpstream::start(move |_| {
+            let mut reply = Reply::stream("text/event-stream", chunks.clone());
+            reply.delay = std::time::Duration::from_millis(1);
+            reply
+        })
+        .await;
+        let mut c = config(&up, Action::Redact);
+        c.action.fail_closed = fail_closed;
+        let (residue, recorder) = support::start(c).await;
+        as_tenant(&residue, "tenant-a", &chat(false, A_PROMPT)).await;
+        recorder.wait_for(1).await;
+        let (status, _, got) = as_tenant(&residue, "tenant-b", &chat(true, "Who?")).await;
+        assert_eq!(status, StatusCode::OK);
+        let text = String::from_utf8_lossy(&got);
+        if fail_closed {
+            assert!(!text.contains("jane.doe"), "{text}");
+            assert!(text.contains("cross_tenant_leak"), "{text}");
+        } else {
+            // Unreadable, so unchecked: passed as it came, as block mode does.
+            assert_eq!(got, body, "{text}");
+        }
+        // Still serving.
+        let (status, _, _) = as_tenant(&residue, "tenant-b", &chat(false, "Who?")).await;
+        assert_eq!(status, StatusCode::OK);
+        residue.shutdown().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn answers_too_large_to_hold_fail_open_or_closed_as_configured() {
     let answer = lead_in();
