@@ -120,6 +120,29 @@ impl SimConfig {
     }
 }
 
+/// Parses a `--fault` value: `name=rate`, e.g. `placeholder=0.05` or
+/// `stale-block=0.1` (`_` and `-` both accepted), rate in `0..=1`.
+pub fn parse_fault(spec: &str) -> Result<(Fault, f64), String> {
+    let (name, rate) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=RATE, got {spec:?}"))?;
+    let fault = Fault::ALL
+        .into_iter()
+        .find(|f| f.as_str() == name.trim().replace('-', "_"))
+        .ok_or_else(|| {
+            let names: Vec<&str> = Fault::ALL.iter().map(Fault::as_str).collect();
+            format!("unknown fault {name:?}; one of {}", names.join(", "))
+        })?;
+    let rate: f64 = rate
+        .trim()
+        .parse()
+        .map_err(|_| format!("rate {rate:?} is not a number"))?;
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(format!("rate {rate} is not in 0..=1"));
+    }
+    Ok((fault, rate))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     #[error("invalid simulator config:\n  {}", .0.join("\n  "))]

@@ -318,3 +318,33 @@ fn residue_decodes_every_body() {
         }
     }
 }
+
+// === config ===
+
+#[test]
+fn fault_specs() {
+    assert_eq!(parse_fault("placeholder=1"), Ok((Fault::Placeholder, 1.0)));
+    assert_eq!(parse_fault("stale-block=0.1"), Ok((Fault::StaleBlock, 0.1)));
+    assert_eq!(parse_fault("stale_block=0.1"), Ok((Fault::StaleBlock, 0.1)));
+    for bad in [
+        "splice",
+        "splice=x",
+        "splice=1.5",
+        "leak=0.1",
+        "garbage=-0.1",
+    ] {
+        assert!(parse_fault(bad).is_err(), "{bad}");
+    }
+    let config = SimConfig {
+        faults: vec![
+            (Fault::Placeholder, 1.0),
+            (Fault::Splice, 0.6),
+            (Fault::Garbage, 0.6),
+            (Fault::Garbage, 0.1),
+        ],
+        kv_pages: 0,
+        ..SimConfig::default()
+    };
+    let errors = config.validate();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+}
