@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod rules;
 pub mod scenario;
 pub mod server;
+pub mod sim;
 pub mod store;
 pub mod telemetry;
 pub mod tenant;

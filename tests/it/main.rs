@@ -9,6 +9,7 @@ mod hostile;
 mod limits;
 mod proxy;
 mod sdk;
+mod sim;
 mod support;
 mod tenant;
 mod tls;
