@@ -19,7 +19,16 @@ pub const TENANT_HEADER: &str = "x-tenant-id";
 
 /// A fault of the simulated engine.
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
     clap::ValueEnum,
 )]
 #[serde(rename_all = "snake_case")]
