@@ -14,6 +14,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod hash;
 pub mod incident;
+pub mod load;
 pub mod metrics;
 pub mod observe;
 pub mod protocol;
