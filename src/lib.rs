@@ -21,6 +21,7 @@ pub mod protocol;
 pub mod proxy;
 pub mod rules;
 pub mod scenario;
+pub mod scorecard;
 pub mod server;
 pub mod store;
 pub mod telemetry;
