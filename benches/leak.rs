@@ -22,6 +22,7 @@ use residue::detect::canary::{Canaries, CanaryConfig};
 use residue::detect::cross_tenant::{CrossTenant, Evidence, Settings};
 use residue::fingerprint::{FingerprintParams, Fingerprinter};
 use residue::hash::HashKey;
+use residue::load::corpus::{read_fortunes, read_sharegpt};
 use residue::metrics::Metrics;
 use residue::protocol::Prompt;
 use residue::rules::RuleSet;
@@ -34,135 +35,6 @@ fn env(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-struct Conversation {
-    /// ShareGPT splits long conversations into parts (`abc_0`, `abc_11`):
-    /// one user's, so one tenant's.
-    base_id: String,
-    prompts: Vec<String>,
-    answers: Vec<String>,
-}
-
-/// Reads the (truncated) top-level JSON array element by element: finds
-/// each element's end by tracking strings and nesting, parses it alone, and
-/// stops at the cut.
-fn read_sharegpt(bytes: &[u8], limit: usize) -> Vec<Conversation> {
-    let mut out = Vec::new();
-    let mut seen = HashSet::new();
-    let mut i = bytes
-        .iter()
-        .position(|b| *b == b'[')
-        .map(|p| p + 1)
-        .unwrap_or(0);
-    while out.len() < limit {
-        while i < bytes.len() && (bytes[i].is_ascii_whitespace() || bytes[i] == b',') {
-            i += 1;
-        }
-        if i >= bytes.len() || bytes[i] != b'{' {
-            break;
-        }
-        let (start, mut depth, mut in_str, mut esc) = (i, 0i32, false, false);
-        let mut end = None;
-        while i < bytes.len() {
-            let b = bytes[i];
-            if in_str {
-                if esc {
-                    esc = false;
-                } else if b == b'\\' {
-                    esc = true;
-                } else if b == b'"' {
-                    in_str = false;
-                }
-            } else if b == b'"' {
-                in_str = true;
-            } else if b == b'{' {
-                depth += 1;
-            } else if b == b'}' {
-                depth -= 1;
-                if depth == 0 {
-                    end = Some(i + 1);
-                    i += 1;
-                    break;
-                }
-            }
-            i += 1;
-        }
-        let Some(end) = end else { break };
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes[start..end]) else {
-            continue;
-        };
-        let id = v["id"].as_str().unwrap_or("");
-        let base_id = id
-            .rsplit_once('_')
-            .map(|(b, _)| b)
-            .unwrap_or(id)
-            .to_string();
-        let mut c = Conversation {
-            base_id,
-            prompts: Vec::new(),
-            answers: Vec::new(),
-        };
-        for turn in v["conversations"].as_array().into_iter().flatten() {
-            let text = turn["value"].as_str().unwrap_or("").trim().to_string();
-            if text.is_empty() {
-                continue;
-            }
-            match turn["from"].as_str() {
-                Some("human") => c.prompts.push(text),
-                Some("gpt") => c.answers.push(text),
-                _ => {}
-            }
-        }
-        // The same conversation shared twice, or the same opening prompt
-        // from many users, is one piece of shared content, not many
-        // tenants' own: keep it once.
-        if c.prompts.is_empty()
-            || c.answers.is_empty()
-            || !seen.insert(c.prompts[0].clone())
-            || !seen.insert(c.answers[0].clone())
-        {
-            continue;
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// Debian `fortunes` and `fortunes-zh`: every `%`-separated entry of every
-/// file, colour escapes removed, exact duplicates (after collapsing case and
-/// whitespace) kept once, in a fixed shuffled order.
-fn read_fortunes(dir: &std::path::Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<_> = entries.flatten().map(|e| e.path()).collect();
-    files.sort();
-    let ansi = regex::Regex::new(r"\x1b\[[0-9;]*m").unwrap();
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for f in files {
-        let Ok(bytes) = std::fs::read(&f) else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&bytes);
-        let text = ansi.replace_all(&text, "");
-        for entry in text.split("\n%\n") {
-            let entry = entry.trim();
-            let norm: String = entry
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-                .to_lowercase();
-            if norm.len() < 20 || !seen.insert(norm) {
-                continue;
-            }
-            out.push(entry.to_string());
-        }
-    }
-    // A fixed shuffle, so that each tenant's pool mixes every file.
-    out.sort_by_key(|e| *blake3::hash(e.as_bytes()).as_bytes());
-    out
 }
 
 /// Text as the oracle reads it: lower-case words (runs of letters and

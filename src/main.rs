@@ -30,6 +30,108 @@ enum Command {
         /// The TOML file to check.
         file: PathBuf,
     },
+    /// Send multi-tenant traffic (for the incident replay): each tenant
+    /// with its own key, text and PII, to OpenAI and SGLang endpoints.
+    Load(LoadArgs),
+    /// Score a replay: the simulator's ground truth against residue's
+    /// incidents.
+    Replay(ReplayArgs),
+}
+
+#[derive(clap::Args)]
+struct LoadArgs {
+    /// Base URL to send to (residue, or the upstream directly).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    target: String,
+    /// Number of tenants (`tenant-00`, `tenant-01`, …).
+    #[arg(long, default_value_t = 8)]
+    tenants: usize,
+    /// Everything (keys, prompts, PII, request mix) follows from the seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Stop after this many requests (default 100 without --duration).
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Stop after this long, e.g. `30s`, `5m`.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<std::time::Duration>,
+    /// Open loop: start this many requests per second. Without it: closed
+    /// loop, --concurrency requests always in flight.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Requests in flight (closed loop), or the most in flight (open loop).
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Share of requests asking for a streamed answer.
+    #[arg(long, default_value_t = 0.5)]
+    stream_fraction: f64,
+    /// Share of prompts longer than --capacity-tokens.
+    #[arg(long, default_value_t = 0.05)]
+    over_capacity_fraction: f64,
+    /// The engine's prefill capacity, in tokens.
+    #[arg(long, default_value_t = 4096)]
+    capacity_tokens: u64,
+    /// Prompts: `builtin` (generated), `sharegpt:FILE`, `fortunes:DIR`.
+    #[arg(long, default_value = "builtin", value_parser = parse_corpus)]
+    corpus: residue::load::Corpus,
+    /// Endpoints to use, comma-separated: chat, completions, generate.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "chat,completions,generate"
+    )]
+    endpoints: Vec<String>,
+    /// The `model` of OpenAI requests.
+    #[arg(long, default_value = "sim")]
+    model: String,
+    /// `max_tokens` / `max_new_tokens` of every request.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: u32,
+    /// One request's time limit.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    timeout: std::time::Duration,
+    /// Print the first N planned requests as JSON lines and send nothing.
+    #[arg(long, value_name = "N")]
+    print: Option<u64>,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// Score saved files (the only mode so far).
+    #[arg(long)]
+    report: bool,
+    /// The simulator's ground truth, JSON lines.
+    #[arg(long, requires = "report")]
+    truth: PathBuf,
+    /// residue's incident file, JSON lines.
+    #[arg(long, requires = "report")]
+    incidents: PathBuf,
+    /// Write the scorecard as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the scorecard as Markdown here (default: stdout).
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Exit with status 2 when a leak residue should catch was missed or a
+    /// clean response drew an incident.
+    #[arg(long)]
+    strict: bool,
+}
+
+fn parse_corpus(s: &str) -> Result<residue::load::Corpus, String> {
+    use residue::load::Corpus;
+    match s.split_once(':') {
+        None if s == "builtin" => Ok(Corpus::Builtin),
+        Some(("sharegpt", path)) => Ok(Corpus::ShareGpt(path.into())),
+        Some(("fortunes", dir)) => Ok(Corpus::Fortunes(dir.into())),
+        _ => Err("one of builtin, sharegpt:FILE, fortunes:DIR".into()),
+    }
 }
 
 #[derive(clap::Args)]
@@ -105,6 +207,8 @@ fn run() -> anyhow::Result<()> {
         }
         Command::Serve(args) => serve(args),
         Command::Sim(args) => sim(args),
+        Command::Load(args) => load(args),
+        Command::Replay(args) => replay(args),
     }
 }
 
@@ -131,6 +235,119 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
         sim.shutdown().await;
         anyhow::Ok(())
     })
+}
+
+fn load(args: LoadArgs) -> anyhow::Result<()> {
+    let config = residue::load::LoadConfig {
+        target: args.target,
+        tenants: args.tenants,
+        seed: args.seed,
+        requests: args.requests.or(if args.duration.is_none() {
+            Some(100)
+        } else {
+            None
+        }),
+        duration: args.duration,
+        rate: args.rate,
+        concurrency: args.concurrency,
+        stream_fraction: args.stream_fraction,
+        over_capacity_fraction: args.over_capacity_fraction,
+        capacity_tokens: args.capacity_tokens,
+        corpus: args.corpus,
+        endpoints: args.endpoints,
+        model: args.model,
+        max_tokens: args.max_tokens,
+        timeout: args.timeout,
+    };
+    if let Some(n) = args.print {
+        let plan = residue::load::Plan::new(config)?;
+        for i in 0..n {
+            let p = plan.request(i);
+            let t = &plan.tenants()[p.tenant];
+            let line = serde_json::json!({
+                "request_id": p.request_id, "tenant": t.id, "endpoint": p.endpoint,
+                "path": p.path, "stream": p.stream, "over_capacity": p.over_capacity,
+                "body": p.body,
+            });
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("residue-load")
+        .build()
+        .context("starting the async runtime")?;
+    let bar = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        match config.requests {
+            Some(n) => indicatif::ProgressBar::new(n as u64),
+            None => indicatif::ProgressBar::new_spinner(),
+        }
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let b = bar.clone();
+    let report = runtime.block_on(residue::load::run(config, move |p| {
+        b.set_position(p.done);
+        b.set_message(format!(
+            "ok {} errors {} in flight {}",
+            p.ok, p.errors, p.in_flight
+        ));
+    }))?;
+    bar.finish_and_clear();
+    let q = |x| {
+        report
+            .latency_quantile(x)
+            .map_or("-".to_string(), |v| format!("{v:.1} ms"))
+    };
+    println!(
+        "{} sent, {} ok, {} errors in {:.1}s; status {:?}; endpoints {:?}; {} streamed, {} over capacity; latency p50 {} p99 {}",
+        report.sent,
+        report.ok,
+        report.errors,
+        report.elapsed.as_secs_f64(),
+        report.status,
+        report.endpoints,
+        report.streamed,
+        report.over_capacity,
+        q(0.5),
+        q(0.99),
+    );
+    if let Some(path) = args.json {
+        std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.report, "nothing to do: pass --report");
+    let read = |p: &PathBuf| {
+        std::fs::read(p)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .with_context(|| format!("reading {}", p.display()))
+    };
+    let card = residue::scorecard::replay(&read(&args.truth)?, &read(&args.incidents)?, None);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&card)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let md = card.to_markdown();
+    match &args.markdown {
+        Some(path) => {
+            std::fs::write(path, &md).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => print!("{md}"),
+    }
+    if args.strict && !card.passed {
+        std::process::exit(2);
+    }
+    Ok(())
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {

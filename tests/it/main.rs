@@ -7,6 +7,7 @@ mod enforce;
 mod families;
 mod hostile;
 mod limits;
+mod load;
 mod proxy;
 mod sdk;
 mod sim;
