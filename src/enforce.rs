@@ -174,6 +174,9 @@ pub struct Guard {
     /// What a finding does: [`Action::Redact`] masks leaked spans while they
     /// are held; anything else cuts the stream.
     pub action: Action,
+    /// The request asked for log probabilities: the answer's tokens come
+    /// again beside its text, so a leak cuts the stream even in redact mode.
+    pub logprobs: bool,
 }
 
 /// Word-equivalents in `text`: each whitespace-separated chunk is one; each
@@ -229,27 +232,127 @@ struct Redactor {
     unit_start: usize,
     /// Answer text masked so far: sorted, disjoint ranges.
     masked: Vec<(usize, usize)>,
-    /// Each masked span's text (at least [`MIN_ECHO`] bytes) and its mask,
-    /// masked again wherever it recurs in a JSON string value of a released
-    /// frame: events the decoder does not count as text (TGI's final
-    /// `generated_text`, the responses API's `output_text.done`) repeat it.
-    echoes: Vec<(String, String)>,
     /// End of the answer text already released.
     released: usize,
+    /// What was reported so far: (detector, source, span), so that a span
+    /// that grows between scans is reported once, but another detector or
+    /// source about the same text is reported too.
+    reported: Vec<(&'static str, String, (usize, usize))>,
 }
 
-/// Shorter masked texts are not searched for in released frames (they could
-/// match values that are not answer text, such as a role or a reason).
+/// Shorter masked texts are not replaced in every released frame (they could
+/// match values that are not answer text, such as a role or a reason); in
+/// events that repeat the answer ([`echo_kind`]) they are masked by position
+/// or the stream is cut.
 const MIN_ECHO: usize = 8;
+
+/// Who a finding is about, beyond its detector: its source tenant(s), rule
+/// or canary, as far as its evidence says.
+fn source_of(f: &Finding) -> String {
+    ["source_tenant", "source_tenants", "rule", "canary", "owner"]
+        .iter()
+        .filter_map(|k| f.evidence.get(*k).map(|v| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// How an event repeats answer text the decoder does not count again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Echo {
+    /// Part of it (one output item's text).
+    Part,
+    /// All of it: every masked text must be found in it.
+    Full,
+}
+
+/// The event's JSON (SSE `data:` lines joined, or an NDJSON line).
+fn event_json(event: &[u8]) -> Option<serde_json::Value> {
+    let text = std::str::from_utf8(event).ok()?;
+    let mut data: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim_end_matches('\r');
+        if let Some(d) = line.strip_prefix("data:") {
+            data.push(d.strip_prefix(' ').unwrap_or(d));
+        } else if line.starts_with('{') {
+            data.push(line);
+        }
+    }
+    serde_json::from_str(&data.join("\n")).ok()
+}
+
+/// Whether `v` is an event repeating answer text: TGI's last event
+/// (`generated_text`), the responses API's `*.done` events and its final
+/// `response.completed`.
+fn echo_kind(v: &serde_json::Value) -> Option<Echo> {
+    if v.get("token").is_some() && v.get("generated_text").is_some_and(|g| g.is_string()) {
+        return Some(Echo::Full);
+    }
+    match v.get("type").and_then(|t| t.as_str())? {
+        "response.completed" | "response.incomplete" => Some(Echo::Full),
+        "response.output_text.done"
+        | "response.content_part.done"
+        | "response.output_item.done"
+        | "response.function_call_arguments.done"
+        | "response.failed" => Some(Echo::Part),
+        _ => None,
+    }
+}
+
+/// Whether `v` carries the answer as tokens too: non-empty `logprobs`,
+/// `top_logprobs` or `top_tokens`, or Ollama's `context` token ids. Masking
+/// the text alone would leave those in clear.
+fn carries_tokens(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    let full = |v: &Value| match v {
+        Value::Null => false,
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        Value::Bool(b) => *b,
+        _ => true,
+    };
+    match v {
+        Value::Object(o) => o.iter().any(|(k, v)| {
+            (matches!(
+                k.as_str(),
+                "logprobs" | "top_logprobs" | "top_tokens" | "context"
+            ) && full(v))
+                || carries_tokens(v)
+        }),
+        Value::Array(a) => a.iter().any(carries_tokens),
+        _ => false,
+    }
+}
+
+/// Whether `v` is an event whose text must not be masked with `*`: tool-call
+/// arguments (the JSON they build would break) and Anthropic thinking (it
+/// is signed).
+fn unmaskable(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Object(o) => o.iter().any(|(k, v)| {
+            matches!(
+                k.as_str(),
+                "tool_calls" | "function_call" | "partial_json" | "arguments"
+            ) || (k == "type"
+                && v.as_str().is_some_and(|t| {
+                    t == "thinking_delta" || t.starts_with("response.function_call_arguments")
+                }))
+                || unmaskable(v)
+        }),
+        Value::Array(a) => a.iter().any(unmaskable),
+        _ => false,
+    }
+}
 
 /// What a scan with findings leads to in redact mode.
 enum Redaction {
     /// Nothing new: every span was masked before.
     Nothing,
-    /// New spans were masked; report these findings (those with a span not
-    /// touching anything masked before) as redacted.
+    /// Spans were masked; report these findings (those not reported
+    /// before) as redacted.
     Masked(Vec<Finding>),
-    /// The leak cannot be masked: cut the stream, reporting these.
+    /// The leak cannot be masked: cut the stream, reporting these (those
+    /// not reported before).
     Cut(Vec<Finding>),
 }
 
@@ -293,41 +396,115 @@ impl Redactor {
     }
 
     /// The frame's bytes as they may go out: every masked text that recurs
-    /// in one of its JSON string values masked there too.
-    fn release(&mut self, held: Held) -> Frame<Bytes> {
+    /// in one of its JSON string values masked there too. `None` when that
+    /// cannot be done for sure: the stream must be cut.
+    ///
+    /// The texts are those of the masked ranges as they are now (a span that
+    /// grew between scans is one text), cut at `\n` (it separates output
+    /// items, which are echoed one per string), replaced longest first. In
+    /// an event repeating the answer ([`echo_kind`]) a string found once in
+    /// the answer is masked by position, so short spans are too; any masked
+    /// text left in it, or missing from an echo of the whole answer, cuts.
+    fn release(&mut self, held: Held, text: &str) -> Option<Frame<Bytes>> {
         self.released = self.released.max(held.end);
         let frame = held.frame;
-        if self.echoes.is_empty() {
-            return frame;
+        if self.masked.is_empty() {
+            return Some(frame);
         }
         let data = match frame.into_data() {
             Ok(data) => data,
-            Err(other) => return other,
+            Err(other) => return Some(other),
         };
-        let mut out = Vec::new();
-        let mut copied = 0;
-        for (s, e) in string_values(&data) {
-            let Ok(mut value) = serde_json::from_slice::<String>(&data[s..e]) else {
-                continue;
-            };
-            let mut changed = false;
-            for (from, to) in &self.echoes {
-                if value.contains(from.as_str()) {
-                    value = value.replace(from.as_str(), to);
-                    changed = true;
+        let json = event_json(&data);
+        let echo = json.as_ref().and_then(echo_kind);
+        if json.as_ref().is_some_and(|v| {
+            v.get("context")
+                .is_some_and(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+                || (echo.is_some() && carries_tokens(v))
+        }) {
+            return None;
+        }
+        let mut pieces: Vec<&str> = Vec::new();
+        for &(s, e) in &self.masked {
+            let m = text.get(s..e)?;
+            for p in m.split('\n') {
+                if !p.trim().is_empty() && !pieces.contains(&p) {
+                    pieces.push(p);
                 }
             }
-            if let (true, Ok(now)) = (changed, serde_json::to_string(&value)) {
+        }
+        pieces.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        let mut out = Vec::new();
+        let mut copied = 0;
+        let mut found = vec![false; pieces.len()];
+        for (s, e) in string_values(&data) {
+            let Ok(value) = serde_json::from_slice::<String>(&data[s..e]) else {
+                continue;
+            };
+            for (f, p) in found.iter_mut().zip(&pieces) {
+                *f |= value.contains(p);
+            }
+            let mut now = value.clone();
+            if echo.is_some() && !now.is_empty() {
+                let mut at = text.match_indices(value.as_str()).map(|(i, _)| i);
+                if let (Some(p), None) = (at.next(), at.next()) {
+                    now = masked_text(&value, p, &self.masked);
+                }
+            }
+            for p in &pieces {
+                if p.len() >= MIN_ECHO {
+                    now = now.replace(p, &mask_of(p));
+                }
+            }
+            if pieces
+                .iter()
+                .any(|p| (echo.is_some() || p.len() >= MIN_ECHO) && now.contains(p))
+            {
+                return None;
+            }
+            if now != value {
                 out.extend_from_slice(&data[copied..s]);
-                out.extend_from_slice(now.as_bytes());
+                out.extend_from_slice(serde_json::to_string(&now).ok()?.as_bytes());
                 copied = e;
             }
         }
+        if echo == Some(Echo::Full) && found.contains(&false) {
+            return None;
+        }
         if copied == 0 {
-            return Frame::data(data);
+            return Some(Frame::data(data));
         }
         out.extend_from_slice(&data[copied..]);
-        Frame::data(Bytes::from(out))
+        Some(Frame::data(Bytes::from(out)))
+    }
+
+    /// Those of `findings` not reported before (a span that only grew is
+    /// not new; another detector or source about the same text is), noted
+    /// as reported now.
+    fn unreported(&mut self, findings: &[Finding]) -> Vec<Finding> {
+        let mut out = Vec::new();
+        for f in findings {
+            let source = source_of(f);
+            let spans = if f.spans.is_empty() {
+                vec![(usize::MAX, usize::MAX)]
+            } else {
+                f.spans.clone()
+            };
+            let seen = |&(s, e): &(usize, usize)| {
+                self.reported.iter().any(|(d, src, (rs, re))| {
+                    *d == f.detector
+                        && *src == source
+                        && ((s, e) == (*rs, *re) || (s < *re && *rs < e))
+                })
+            };
+            if !spans.iter().all(seen) {
+                out.push(f.clone());
+            }
+            for sp in spans {
+                self.reported.push((f.detector, source.clone(), sp));
+            }
+        }
+        out
     }
 
     /// Masks in the held events the spans of `findings` not masked before.
@@ -340,31 +517,22 @@ impl Redactor {
     ) -> Redaction {
         let spans = match verdict(Action::Redact, &findings) {
             Verdict::Pass => return Redaction::Nothing,
-            Verdict::Block => return Redaction::Cut(findings),
+            Verdict::Block => return Redaction::Cut(self.unreported(&findings)),
             Verdict::Redact(spans) => spans,
         };
         let pieces: Vec<(usize, usize)> = spans
             .iter()
             .flat_map(|&s| subtract(s, &self.masked))
             .collect();
+        let report = self.unreported(&findings);
         if pieces.is_empty() {
-            return Redaction::Nothing;
+            // Masked already, perhaps found again by another detector.
+            return if report.is_empty() {
+                Redaction::Nothing
+            } else {
+                Redaction::Masked(report)
+            };
         }
-        let old = &self.masked;
-        let new: Vec<Finding> = findings
-            .into_iter()
-            .filter(|f| f.spans.iter().any(|&s| !subtract(s, old).is_empty()))
-            .collect();
-        // A span that grew (an n-gram match running on) was reported once.
-        let report: Vec<Finding> = new
-            .iter()
-            .filter(|f| {
-                f.spans
-                    .iter()
-                    .any(|&(s, e)| !old.iter().any(|&(ms, me)| s < me && ms < e))
-            })
-            .cloned()
-            .collect();
         // Already sent, or not answer text at all: it cannot be masked.
         if pieces.iter().any(|&(s, e)| {
             s < self.released
@@ -372,36 +540,34 @@ impl Redactor {
                 || !text.is_char_boundary(s)
                 || !text.is_char_boundary(e)
         }) {
-            return Redaction::Cut(new);
+            return Redaction::Cut(report);
         }
         let mut masked = self.masked.clone();
         masked.extend_from_slice(&pieces);
         let masked = merge(masked);
         let mut rendered = Vec::new();
         for (i, h) in held.iter().enumerate() {
-            if !pieces.iter().any(|&(s, e)| s < h.end && h.start < e) {
+            // Events adding no text (an item's `done` echo between two
+            // items' texts) are masked when released.
+            if h.start == h.end || !pieces.iter().any(|&(s, e)| s < h.end && h.start < e) {
                 continue;
             }
             let Some(data) = h.frame.data_ref() else {
-                return Redaction::Cut(new);
+                return Redaction::Cut(report);
             };
+            // Tokens, tool-call arguments or signed thinking: masking the
+            // text would leave it in clear or break the event.
+            if event_json(data).is_some_and(|v| carries_tokens(&v) || unmaskable(&v)) {
+                return Redaction::Cut(report);
+            }
             match render(data, text, (h.start, h.end), &self.masked, &masked) {
                 Some(bytes) => rendered.push((i, bytes)),
-                None => return Redaction::Cut(new),
+                None => return Redaction::Cut(report),
             }
         }
         for (i, bytes) in rendered {
             if let Some(h) = held.get_mut(i) {
                 h.frame = Frame::data(Bytes::from(bytes));
-            }
-        }
-        for &(s, e) in &spans {
-            if subtract((s, e), &self.masked).is_empty() {
-                continue;
-            }
-            let Some(m) = text.get(s..e) else { continue };
-            if m.len() >= MIN_ECHO && !self.echoes.iter().any(|(f, _)| f == m) {
-                self.echoes.push((m.to_owned(), mask_of(m)));
             }
         }
         self.masked = masked;
@@ -603,8 +769,11 @@ impl<B> GuardBody<B> {
             "this answer was stopped because it carried another tenant's data",
         );
         // SGLang streams resend the whole text so far in every event: a span
-        // masked in one would be sent whole in the next. Those are cut.
-        let redact = guard.action == Action::Redact && endpoint.family() != Family::Sglang;
+        // masked in one would be sent whole in the next. Those are cut, and
+        // so are answers whose tokens come again as log probabilities.
+        let redact = guard.action == Action::Redact
+            && endpoint.family() != Family::Sglang
+            && !guard.logprobs;
         GuardBody {
             inner,
             decoder: ResponseDecoder::new(endpoint, format, guard.max_text),
@@ -691,7 +860,10 @@ where
                 if safe {
                     if let Some(h) = this.held.pop_front() {
                         let frame = if this.redactor.on {
-                            this.redactor.release(h)
+                            match this.redactor.release(h, &this.output.text) {
+                                Some(frame) => frame,
+                                None => cut!(Vec::new()),
+                            }
                         } else {
                             h.frame
                         };
@@ -736,6 +908,7 @@ where
                     Ok(findings) if !findings.is_empty() => {
                         match this.redactor.apply(findings, &this.output.text, this.held) {
                             Redaction::Cut(findings) => cut!(findings),
+                            Redaction::Masked(report) if report.is_empty() => {}
                             Redaction::Masked(report) => {
                                 if let Some(f) = this.on_findings.as_mut() {
                                     f(report, "redact");
@@ -1086,6 +1259,7 @@ mod tests {
             max_text: 1 << 20,
             fail_closed,
             action: Action::Redact,
+            logprobs: false,
         };
         let body = GuardBody::new(
             Frames::new(frames),
@@ -1248,6 +1422,7 @@ mod tests {
             max_text: 1 << 20,
             fail_closed: false,
             action: Action::Redact,
+            logprobs: false,
         };
         let mut frames = Frames::new(split(body.as_bytes(), 40));
         // Slow enough for each scan to end before the next frame.
@@ -1405,6 +1580,408 @@ mod tests {
             let _ = string_values(w);
             let _ = render(w, "jane@x.example", (0, 14), &[], &[(0, 5)]);
         }
+    }
+
+    /// Runs `frames` through a redacting guard with the given scanner.
+    async fn guarded_by(
+        endpoint: Endpoint,
+        format: BodyFormat,
+        frames: Vec<Bytes>,
+        scan: ScanFn,
+        hold_back: usize,
+        logprobs: bool,
+    ) -> (Vec<u8>, Vec<(&'static str, usize)>) {
+        use http_body_util::BodyExt;
+        let reports: Reports = Arc::default();
+        let r = reports.clone();
+        let guard = Guard {
+            hold_back,
+            hold_back_tokens: 1,
+            max_text: 1 << 20,
+            fail_closed: false,
+            action: Action::Redact,
+            logprobs,
+        };
+        let out = GuardBody::new(
+            Frames::new(frames),
+            endpoint,
+            format,
+            guard,
+            scan,
+            Box::new(move |f, action| r.lock().unwrap().push((action, f.len()))),
+            Box::new(|_| {}),
+        )
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+        let reports = reports.lock().unwrap().clone();
+        (out, reports)
+    }
+
+    fn found(detector: &'static str, spans: Vec<(usize, usize)>) -> Finding {
+        Finding {
+            detector,
+            ..finding(spans)
+        }
+    }
+
+    fn cut_event(endpoint: Endpoint, format: BodyFormat) -> String {
+        String::from_utf8_lossy(&error_event(
+            endpoint.family(),
+            format,
+            "cross_tenant_leak",
+            "this answer was stopped because it carried another tenant's data",
+        ))
+        .into_owned()
+    }
+
+    fn tgi_event(text: &str, full: Option<&str>) -> String {
+        let v = serde_json::json!({"token": {"id": 1, "text": text, "special": false}, "generated_text": full});
+        format!("data:{v}\n\n")
+    }
+
+    /// A TGI stream of `pieces`, 40 words, "." and the summary event.
+    fn tgi_body(pieces: &[&str], summary_prefix: &str) -> String {
+        let mut body = String::new();
+        let mut full = String::new();
+        for p in pieces {
+            body += &tgi_event(p, None);
+            full += p;
+        }
+        for i in 0..40 {
+            body += &tgi_event(&format!(" w{i}"), None);
+            full += &format!(" w{i}");
+        }
+        body + &tgi_event(".", Some(&format!("{summary_prefix}{full}.")))
+    }
+
+    #[tokio::test]
+    async fn a_span_that_grows_between_scans_is_masked_whole_in_the_summary() {
+        // The first scan finds "secretalpha", later ones the whole run
+        // "secretalpha secretbeta": both masks must reach `generated_text`.
+        let body = tgi_body(&["Write ", "secretalpha", " secretbeta"], "");
+        let grown = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let scan: ScanFn = Arc::new(move |text: String, _| {
+            let Some(s) = text.find("secretalpha") else {
+                return Ok(Vec::new());
+            };
+            let long = text.contains("secretalpha secretbeta")
+                && grown.swap(true, std::sync::atomic::Ordering::SeqCst);
+            let e = s + if long { 22 } else { 11 };
+            grown.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(vec![finding(vec![(s, e)])])
+        });
+        let (out, reports) = guarded_by(
+            Endpoint::TgiGenerateStream,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 9),
+            scan,
+            200,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("secret"), "{got}");
+        let want = body
+            .replace("secretalpha", "***********")
+            .replace("secretbeta", "**********");
+        assert_eq!(got, want);
+        assert_eq!(reports, vec![("redact", 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_span_across_two_output_items_is_masked_in_their_echoes() {
+        // Responses API: the leak ends item 0 and begins item 1; the decoder
+        // joins them with "\n", which no echo event holds.
+        let ev =
+            |v: serde_json::Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
+        let delta = |item: u64, d: &str| {
+            ev(
+                serde_json::json!({"type": "response.output_text.delta", "output_index": item, "content_index": 0, "delta": d}),
+            )
+        };
+        let done = |item: u64, t: &str| {
+            ev(
+                serde_json::json!({"type": "response.output_text.done", "output_index": item, "content_index": 0, "text": t, "logprobs": []}),
+            )
+        };
+        let item0 = "Intro secretalpha".to_string();
+        let mut item1 = "secretbeta".to_string();
+        let mut body = delta(0, "Intro ") + &delta(0, "secretalpha") + &done(0, &item0);
+        body += &delta(1, "secretbeta");
+        for i in 0..40 {
+            body += &delta(1, &format!(" w{i}"));
+            item1 += &format!(" w{i}");
+        }
+        body += &done(1, &item1);
+        let msg = |t: &str| serde_json::json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t}]});
+        body += &ev(
+            serde_json::json!({"type": "response.completed", "response": {"status": "completed", "output": [msg(&item0), msg(&item1)]}}),
+        );
+        let (out, reports) = guarded(
+            Endpoint::OpenAiResponses,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 11),
+            &["secretalpha\nsecretbeta"],
+            400,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("secret"), "{got}");
+        let want = body
+            .replace("secretalpha", "***********")
+            .replace("secretbeta", "**********");
+        assert_eq!(got, want);
+        assert_eq!(reports, vec![("redact", 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_short_masked_span_never_reaches_the_summary() {
+        // "1.2.3.4" is shorter than MIN_ECHO: the summary is the whole
+        // answer, so it is masked there by position.
+        let body = tgi_body(&["Ping ", "1.2.3.4", " now"], "");
+        let (out, reports) = guarded(
+            Endpoint::TgiGenerateStream,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 9),
+            &["1.2.3.4"],
+            16,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert_eq!(got, body.replace("1.2.3.4", "*******"));
+        assert_eq!(reports, vec![("redact", 1)]);
+        // A summary that is not the answer as decoded (the prompt before it):
+        // it cannot be placed, so the stream is cut before it.
+        let body = tgi_body(&["Ping ", "1.2.3.4", " now"], "Prompt? ");
+        let (out, _) = guarded(
+            Endpoint::TgiGenerateStream,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 9),
+            &["1.2.3.4"],
+            16,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("1.2.3.4"), "{got}");
+        assert!(
+            got.ends_with(&cut_event(Endpoint::TgiGenerateStream, BodyFormat::Sse)),
+            "{got}"
+        );
+    }
+
+    #[tokio::test]
+    async fn answers_carried_as_tokens_too_are_cut_not_masked() {
+        let cut = cut_event(Endpoint::OpenAiChat, BodyFormat::Sse);
+        // Log probabilities in the event to be masked.
+        let lp = serde_json::json!({"choices": [{"index": 0, "delta": {"content": "jane@x.example"},
+            "logprobs": {"content": [{"token": "jane@x.example", "logprob": -0.1,
+            "bytes": [106, 97, 110, 101], "top_logprobs": []}]}}]});
+        let body = format!(
+            "{}data: {lp}\n\n{}data: [DONE]\n\n",
+            openai_event("Hi "),
+            tail()
+        );
+        let (out, reports) = guarded(
+            Endpoint::OpenAiChat,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 16),
+            &["jane@x.example"],
+            16,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("jane@"), "{got}");
+        assert!(!got.contains("106, 97") && !got.contains("106,97"), "{got}");
+        assert!(got.ends_with(&cut), "{got}");
+        assert_eq!(reports, vec![("block", 1)]);
+        // Log probabilities asked for: the guard does not redact at all.
+        let body = format!(
+            "{}{}{}data: [DONE]\n\n",
+            openai_event("Hi "),
+            openai_event("jane@x.example"),
+            tail()
+        );
+        let scan: ScanFn = Arc::new(|text: String, _| {
+            Ok(text
+                .find("jane@x.example")
+                .map(|s| finding(vec![(s, s + 14)]))
+                .into_iter()
+                .collect())
+        });
+        let (out, reports) = guarded_by(
+            Endpoint::OpenAiChat,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 16),
+            scan,
+            16,
+            true,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("jane@") && !got.contains("****"), "{got}");
+        assert!(got.ends_with(&cut), "{got}");
+        assert_eq!(reports, vec![("block", 1)]);
+        // Ollama's last line carries the answer's token ids as `context`.
+        let line = |r: &str| {
+            format!(
+                "{}\n",
+                serde_json::json!({"model": "m", "response": r, "done": false})
+            )
+        };
+        let mut body = line("Mail ") + &line("jane@x.example");
+        for i in 0..40 {
+            body += &line(&format!(" w{i}"));
+        }
+        body += "{\"model\":\"m\",\"done\":true,\"context\":[1,2,3]}\n";
+        let (out, reports) = guarded(
+            Endpoint::OllamaGenerate,
+            BodyFormat::Ndjson,
+            split(body.as_bytes(), 7),
+            &["jane@x.example"],
+            16,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("jane@") && !got.contains("context"), "{got}");
+        assert!(
+            got.ends_with(&cut_event(Endpoint::OllamaGenerate, BodyFormat::Ndjson)),
+            "{got}"
+        );
+        assert_eq!(reports, vec![("redact", 1), ("block", 0)]);
+    }
+
+    #[tokio::test]
+    async fn tool_call_arguments_and_thinking_are_cut_not_masked() {
+        let args = serde_json::json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
+            "function": {"arguments": "jane@x.example"}}]}}]});
+        let body = format!(
+            "{}data: {args}\n\n{}data: [DONE]\n\n",
+            openai_event("Hi "),
+            tail()
+        );
+        let (out, reports) = guarded(
+            Endpoint::OpenAiChat,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 16),
+            &["jane@x.example"],
+            16,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("jane@") && !got.contains("****"), "{got}");
+        assert!(
+            got.ends_with(&cut_event(Endpoint::OpenAiChat, BodyFormat::Sse)),
+            "{got}"
+        );
+        assert_eq!(reports, vec![("block", 1)]);
+        // Anthropic thinking is signed: masking it would break the signature.
+        let ev =
+            |v: serde_json::Value| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap());
+        let delta = |kind: &str, key: &str, t: &str| {
+            ev(
+                serde_json::json!({"type": "content_block_delta", "index": 0, "delta": {"type": kind, key: t}}),
+            )
+        };
+        let mut body = ev(
+            serde_json::json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+        );
+        body += &delta("thinking_delta", "thinking", "Mail ");
+        body += &delta("thinking_delta", "thinking", "jane@x.example");
+        for i in 0..40 {
+            body += &delta("thinking_delta", "thinking", &format!(" w{i}"));
+        }
+        body += &ev(serde_json::json!({"type": "message_stop"}));
+        let (out, reports) = guarded(
+            Endpoint::AnthropicMessages,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 16),
+            &["jane@x.example"],
+            16,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(!got.contains("jane@") && !got.contains("****"), "{got}");
+        assert!(
+            got.ends_with(&cut_event(Endpoint::AnthropicMessages, BodyFormat::Sse)),
+            "{got}"
+        );
+        assert_eq!(reports, vec![("block", 1)]);
+    }
+
+    #[tokio::test]
+    async fn each_detector_and_source_is_reported_once_whatever_overlaps() {
+        let body = format!(
+            "{}{}{}data: [DONE]\n\n",
+            openai_event("Write to "),
+            openai_event("jane@x.example now"),
+            tail()
+        );
+        // Another detector, later, about text partly masked already: its
+        // own incident. The growing span of the first is not a new one.
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = calls.clone();
+        let scan: ScanFn = Arc::new(move |text: String, _| {
+            let Some(s) = text.find("jane@") else {
+                return Ok(Vec::new());
+            };
+            let n = c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut out = vec![found("pii", vec![(s, s + 5 + n.min(1) * 9)])];
+            if n > 0 {
+                out.push(found("canary", vec![(s + 6, s + 18)]));
+            }
+            Ok(out)
+        });
+        let (out, reports) = guarded_by(
+            Endpoint::OpenAiChat,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 200),
+            scan,
+            200,
+            false,
+        )
+        .await;
+        assert!(calls.load(std::sync::atomic::Ordering::SeqCst) > 1);
+        assert!(openai_text(&out).starts_with("Write to ************** *** word0"));
+        assert_eq!(reports, vec![("redact", 1), ("redact", 1)]);
+        // A cut after a redaction reports only what was not reported yet.
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = calls.clone();
+        let scan: ScanFn = Arc::new(move |text: String, _| {
+            let Some(s) = text.find("jane@") else {
+                return Ok(Vec::new());
+            };
+            let mut out = vec![found("pii", vec![(s, s + 14)])];
+            if c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                // About the whole answer: it cannot be masked.
+                out.push(found("accounting", vec![]));
+            }
+            Ok(out)
+        });
+        let (out, reports) = guarded_by(
+            Endpoint::OpenAiChat,
+            BodyFormat::Sse,
+            split(body.as_bytes(), 200),
+            scan,
+            200,
+            false,
+        )
+        .await;
+        let got = String::from_utf8_lossy(&out);
+        assert!(
+            got.ends_with(&cut_event(Endpoint::OpenAiChat, BodyFormat::Sse)),
+            "{got}"
+        );
+        assert_eq!(reports, vec![("redact", 1), ("block", 1)]);
     }
 
     #[test]

@@ -94,6 +94,7 @@ struct ScanCtx {
     prompt_tokens: Option<u64>,
     counter: TokenCounter,
     stream: bool,
+    logprobs: bool,
 }
 
 impl Proxy {
@@ -333,6 +334,7 @@ impl Proxy {
                 prompt_tokens: scan.prompt_tokens,
                 counter: scan.counter,
                 stream_requested: scan.stream,
+                logprobs: scan.logprobs,
                 status: status.as_u16(),
                 content_type: header_str(&parts.headers, header::CONTENT_TYPE),
                 content_encoding: header_str(&parts.headers, header::CONTENT_ENCODING),
@@ -380,6 +382,7 @@ impl Proxy {
         });
         let guard = match (&hook.scan, enforce) {
             (Some(pending), true) => Some((
+                pending.logprobs,
                 pending.endpoint,
                 BodyFormat::detect(
                     pending.content_type.as_deref(),
@@ -397,7 +400,7 @@ impl Proxy {
         }
         let tapped = TapBody::new(body, hook, Some(self.idle_timeout));
         let body = match (guard, &self.cross_tenant) {
-            (Some((endpoint, format)), Some(cross)) => {
+            (Some((logprobs, endpoint, format)), Some(cross)) => {
                 self.metrics
                     .enforced
                     .with_label_values(&[ctx.action.as_str(), "guarded_stream"])
@@ -421,6 +424,7 @@ impl Proxy {
                     max_text: self.max_response_bytes,
                     fail_closed: self.actions.fail_closed,
                     action: ctx.action,
+                    logprobs,
                 };
                 GuardBody::new(tapped, endpoint, format, guard, scan, on_findings, on_fail)
                     .boxed_unsync()
@@ -828,6 +832,7 @@ impl Proxy {
             prompt_tokens,
             counter,
             stream: parsed.stream,
+            logprobs: parsed.logprobs,
         })
     }
 }
@@ -872,6 +877,8 @@ struct PendingExchange {
     prompt_tokens: Option<u64>,
     counter: TokenCounter,
     stream_requested: bool,
+    /// The request asked for log probabilities.
+    logprobs: bool,
     status: u16,
     content_type: Option<String>,
     content_encoding: Option<String>,

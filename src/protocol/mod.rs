@@ -178,6 +178,9 @@ pub struct ParsedRequest {
     /// told not to).
     pub stream: bool,
     pub model: Option<String>,
+    /// Whether the client asked for log probabilities (or TGI's top
+    /// tokens): the answer's tokens then come again beside its text.
+    pub logprobs: bool,
 }
 
 #[derive(Debug, Error)]
@@ -228,7 +231,30 @@ pub fn parse_request(route: Route, body: &[u8]) -> Result<ParsedRequest, Request
         prompt,
         stream,
         model,
+        logprobs: wants_logprobs(&obj),
     })
+}
+
+/// `logprobs` (true or a count), `top_logprobs`, a responses-API `include`
+/// of logprobs, or TGI's `parameters.top_n_tokens` / `details` of
+/// `decoder_input_details`.
+fn wants_logprobs(obj: &serde_json::Map<String, Value>) -> bool {
+    let on = |v: Option<&Value>| match v {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_f64().is_some_and(|n| n > 0.0),
+        _ => false,
+    };
+    let params = obj.get("parameters").and_then(Value::as_object);
+    on(obj.get("logprobs"))
+        || on(obj.get("top_logprobs"))
+        || obj
+            .get("include")
+            .and_then(Value::as_array)
+            .is_some_and(|a| {
+                a.iter()
+                    .any(|i| i.as_str().is_some_and(|i| i.contains("logprobs")))
+            })
+        || params.is_some_and(|p| on(p.get("top_n_tokens")) || on(p.get("decoder_input_details")))
 }
 
 /// Token usage and finish reason as the upstream reported them.

@@ -317,6 +317,7 @@ fn prompt_extraction_per_family() {
                 pretokenized: c.pretokenized,
             },
             stream: c.stream,
+            logprobs: false,
             model: c
                 .body
                 .get("model")
@@ -1382,4 +1383,44 @@ fn interleaved_choices_are_kept_apart_for_scanning() {
     d.finish(&mut out);
     assert!(!out.interleaved);
     assert_eq!(out.scan_text(), out.text);
+}
+
+#[test]
+fn requests_asking_for_log_probabilities() {
+    for (path, body, want) in [
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [], "logprobs": true}"#,
+            true,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [], "top_logprobs": 2}"#,
+            true,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [], "logprobs": false}"#,
+            false,
+        ),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": 3}"#, true),
+        (
+            "/v1/responses",
+            r#"{"input": "x", "include": ["message.output_text.logprobs"]}"#,
+            true,
+        ),
+        (
+            "/generate_stream",
+            r#"{"inputs": "x", "parameters": {"top_n_tokens": 5}}"#,
+            true,
+        ),
+        (
+            "/api/generate",
+            r#"{"prompt": "x", "logprobs": true}"#,
+            true,
+        ),
+        ("/v1/chat/completions", r#"{"messages": []}"#, false),
+    ] {
+        assert_eq!(parse(path, body).logprobs, want, "{path} {body}");
+    }
 }
