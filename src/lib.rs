@@ -7,6 +7,7 @@
 
 pub mod body;
 pub mod config;
+pub mod demo;
 pub mod detect;
 pub mod encoding;
 pub mod enforce;

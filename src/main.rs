@@ -20,6 +20,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Replay the incident: a faulty engine, residue in front of it, and
+    /// multi-tenant traffic; ends with the scorecard. Exits 1 when an
+    /// injected leak went undetected.
+    Demo(DemoArgs),
     /// Run the proxy.
     Serve(ServeArgs),
     /// Run a fake LLM server whose engine leaks between tenants on purpose,
@@ -36,6 +40,41 @@ enum Command {
     /// Score a replay: the simulator's ground truth against residue's
     /// incidents.
     Replay(ReplayArgs),
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// Requests to send.
+    #[arg(long, default_value_t = 1000)]
+    requests: usize,
+    /// Tenants sending them.
+    #[arg(long, default_value_t = 12)]
+    tenants: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Seed of the traffic and of the engine's faults.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Share of prompts over the engine's prefill capacity (each becomes a
+    /// placeholder leak, as in the incident).
+    #[arg(long, default_value_t = 0.04)]
+    over_capacity_fraction: f64,
+    /// A fault and its rate (repeatable), e.g. `splice=0.04`; replaces the
+    /// default mix (placeholder=1, stale_block=0.02, splice=0.04,
+    /// garbage=0.02).
+    #[arg(long = "fault", value_parser = residue::sim::parse_fault)]
+    faults: Vec<(residue::scenario::Fault, f64)>,
+    /// Prompt corpus: `builtin`, `sharegpt:FILE` or `fortunes:DIR`.
+    #[arg(long, default_value = "builtin", value_parser = parse_corpus)]
+    corpus: residue::load::Corpus,
+    /// Folder for truth.jsonl, incidents.jsonl, scorecard.json and
+    /// scorecard.md.
+    #[arg(long, default_value = "residue-demo")]
+    out: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(clap::Args)]
@@ -206,10 +245,50 @@ fn run() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => serve(args),
+        Command::Demo(args) => demo(args),
         Command::Sim(args) => sim(args),
         Command::Load(args) => load(args),
         Command::Replay(args) => replay(args),
     }
+}
+
+fn demo(args: DemoArgs) -> anyhow::Result<()> {
+    let defaults = residue::demo::DemoConfig::default();
+    let config = residue::demo::DemoConfig {
+        requests: args.requests,
+        tenants: args.tenants,
+        concurrency: args.concurrency,
+        seed: args.seed,
+        over_capacity_fraction: args.over_capacity_fraction,
+        faults: if args.faults.is_empty() {
+            defaults.faults.clone()
+        } else {
+            args.faults
+        },
+        corpus: args.corpus,
+        out_dir: args.out,
+        progress: !args.quiet,
+        ..defaults
+    };
+    let out_dir = config.out_dir.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("residue-demo")
+        .build()
+        .context("starting the async runtime")?;
+    let outcome = runtime.block_on(residue::demo::run(config))?;
+    println!("\n{}", outcome.markdown);
+    println!(
+        "Done in {:.1} s. Ground truth, incidents and the scorecard are in {}/.",
+        outcome.elapsed.as_secs_f64(),
+        out_dir.display()
+    );
+    let missed = outcome.scorecard.missed_leaks();
+    if missed > 0 {
+        eprintln!("residue demo: {missed} injected leak(s) went undetected");
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 fn sim(args: SimArgs) -> anyhow::Result<()> {

@@ -92,6 +92,10 @@ struct Content {
     kind: Kind,
     text: String,
     tokens: Vec<Range<usize>>,
+    /// An answer that itself carried another request's content (a fault):
+    /// its pages stay in the pool like any other, but it is never the source
+    /// of a later leak, so that the ground truth names exactly one owner.
+    tainted: bool,
 }
 
 /// One KV page: chunk `chunk` (tokens `chunk * page_tokens ..`) of a content.
@@ -162,7 +166,9 @@ impl Engine {
     pub fn generate(&mut self, req: EngineRequest<'_>) -> Generation {
         let prompt = req.parts.join("\n");
         let prompt_tokens = text::tokens(&prompt);
-        let real = prompt_tokens.len() as u64;
+        // Capacity is measured, and usage reported, in subword tokens, as a
+        // real engine does; the pages hold words.
+        let real = text::subword_count(&prompt);
         let fault = self.draw(real);
         // Stale content is read before this request writes anything.
         let mut generation = match fault {
@@ -179,10 +185,10 @@ impl Engine {
             generation.prompt_tokens_reported = 1;
         } else {
             generation.prompt_tokens_reported = real;
-            self.write(req, Kind::Prompt, prompt, prompt_tokens);
+            self.write(req, Kind::Prompt, prompt, prompt_tokens, false);
         }
         let answer_tokens = text::tokens(&generation.text);
-        generation.completion_tokens = answer_tokens.len() as u64;
+        generation.completion_tokens = text::subword_count(&generation.text);
         if generation.fault.is_none() {
             if self.recent.len() == RECENT_ANSWERS {
                 self.recent.pop_front();
@@ -193,7 +199,14 @@ impl Engine {
                 text: generation.text.clone(),
             });
         }
-        self.write(req, Kind::Answer, generation.text.clone(), answer_tokens);
+        let tainted = generation.fault.is_some();
+        self.write(
+            req,
+            Kind::Answer,
+            generation.text.clone(),
+            answer_tokens,
+            tainted,
+        );
         generation
     }
 
@@ -231,6 +244,7 @@ impl Engine {
         kind: Kind,
         text: String,
         tokens: Vec<Range<usize>>,
+        tainted: bool,
     ) {
         if tokens.is_empty() {
             return;
@@ -242,6 +256,7 @@ impl Engine {
             kind,
             text,
             tokens,
+            tainted,
         });
         self.next_content += 1;
         let chunks = content
@@ -265,7 +280,7 @@ impl Engine {
         let mut by_content: BTreeMap<u64, (Arc<Content>, Vec<usize>)> = BTreeMap::new();
         for page in self.pages.iter().flatten() {
             let c = &page.content;
-            if &*c.tenant == tenant || kind.is_some_and(|k| k != c.kind) {
+            if &*c.tenant == tenant || c.tainted || kind.is_some_and(|k| k != c.kind) {
                 continue;
             }
             by_content

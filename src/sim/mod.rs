@@ -631,9 +631,14 @@ fn events(req: &SimRequest, id: &str, g: &Generation) -> Vec<String> {
             for (i, p) in pieces.iter().enumerate() {
                 so_far.push_str(p);
                 let done = i + 1 == pieces.len();
-                out.push(
-                    json!({"text": so_far, "meta_info": meta_info(id, g, i as u64 + 1, done)}),
-                );
+                // Tokens so far, as the engine counts them; the last event
+                // carries the whole answer's count.
+                let tokens = if done {
+                    g.completion_tokens
+                } else {
+                    text::subword_count(&so_far)
+                };
+                out.push(json!({"text": so_far, "meta_info": meta_info(id, g, tokens, done)}));
             }
             if pieces.is_empty() {
                 out.push(json!({"text": "", "meta_info": meta_info(id, g, 0, true)}));

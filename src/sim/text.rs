@@ -35,6 +35,29 @@ pub fn tokens(text: &str) -> Vec<Range<usize>> {
     out
 }
 
+/// What a subword (BPE) tokenizer would count for `text`, which is what an
+/// engine reports as `prompt_tokens`: a CJK character or a punctuation mark
+/// is one token, a run of letters and digits one token per started six
+/// characters ("the" 1, "because" 2, "information" 2), whitespace none.
+/// English prose comes out near a real tokenizer's count, about one token
+/// per 4–5 characters; the KV pages keep counting whole words.
+pub fn subword_count(text: &str) -> u64 {
+    let mut count = 0u64;
+    let mut run = 0u64;
+    for c in text.chars() {
+        if c.is_alphanumeric() && !is_cjk(c) {
+            run += 1;
+            continue;
+        }
+        count += run.div_ceil(6);
+        run = 0;
+        if !c.is_whitespace() {
+            count += 1;
+        }
+    }
+    count + run.div_ceil(6)
+}
+
 /// Number of tokens in `text` (see [`tokens`]).
 pub fn count(text: &str) -> usize {
     tokens(text).len()
@@ -89,7 +112,7 @@ const TOPIC: usize = 8;
 
 /// A healthy answer to `parts` (the prompt's segments, last one the latest
 /// message): a templated opening naming the topic, one or two sentences
-/// taken from the prompt, a templated closing.
+/// taken from the latest message, a templated closing.
 pub fn healthy(parts: &[String], rng: &mut StdRng) -> String {
     let opening = *OPENINGS.choose(rng).expect("non-empty. This is a bug.");
     let closing = *CLOSINGS.choose(rng).expect("non-empty. This is a bug.");
@@ -103,7 +126,12 @@ pub fn healthy(parts: &[String], rng: &mut StdRng) -> String {
     if topic.is_empty() {
         return format!("I could not read a question in your message. {closing}");
     }
-    let sentences: Vec<&str> = parts.iter().flat_map(|p| sentences(p)).collect();
+    // Quoted from the latest message: an answer addresses the user's
+    // question, not the system prompt every tenant shares.
+    let mut sentences: Vec<&str> = sentences(last);
+    if sentences.is_empty() {
+        sentences = parts.iter().flat_map(|p| self::sentences(p)).collect();
+    }
     let mut answer = format!("{opening} \"{topic}\".");
     let n = rng.gen_range(1..=2).min(sentences.len());
     for s in sentences.choose_multiple(rng, n) {
@@ -189,6 +217,20 @@ pub fn garbage(rng: &mut StdRng) -> String {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn subword_counts_look_like_a_tokenizer() {
+        assert_eq!(subword_count(""), 0);
+        assert_eq!(subword_count("the cat"), 2);
+        assert_eq!(subword_count("because information"), 4);
+        assert_eq!(subword_count("a.b@c.de"), 7);
+        assert_eq!(subword_count("你好，世界"), 5);
+        // English prose: near a quarter of its characters.
+        let prose = "The quarterly report covers revenue, churn and the hiring plan for the next two quarters.";
+        let n = subword_count(prose) as f64;
+        let quarter = prose.chars().count() as f64 / 4.0;
+        assert!((0.75..=1.25).contains(&(n / quarter)), "{n} vs {quarter}");
+    }
 
     #[test]
     fn tokens_are_words_and_cjk_characters() {
