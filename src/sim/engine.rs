@@ -96,6 +96,10 @@ struct Content {
     /// its pages stay in the pool like any other, but it is never the source
     /// of a later leak, so that the ground truth names exactly one owner.
     tainted: bool,
+    /// Tokens before this index are the prompt's earlier segments (the
+    /// system prompt every tenant of an app shares): in the pages, but not
+    /// this tenant's own content, so never a leak's source.
+    own_from: usize,
 }
 
 /// One KV page: chunk `chunk` (tokens `chunk * page_tokens ..`) of a content.
@@ -185,7 +189,13 @@ impl Engine {
             generation.prompt_tokens_reported = 1;
         } else {
             generation.prompt_tokens_reported = real;
-            self.write(req, Kind::Prompt, prompt, prompt_tokens, false);
+            let own_from = match req.parts.split_last() {
+                Some((_, earlier)) if !earlier.is_empty() => {
+                    text::tokens(&earlier.join("\n")).len()
+                }
+                _ => 0,
+            };
+            self.write(req, Kind::Prompt, prompt, prompt_tokens, false, own_from);
         }
         let answer_tokens = text::tokens(&generation.text);
         generation.completion_tokens = text::subword_count(&generation.text);
@@ -206,6 +216,7 @@ impl Engine {
             generation.text.clone(),
             answer_tokens,
             tainted,
+            0,
         );
         generation
     }
@@ -245,6 +256,7 @@ impl Engine {
         text: String,
         tokens: Vec<Range<usize>>,
         tainted: bool,
+        own_from: usize,
     ) {
         if tokens.is_empty() {
             return;
@@ -257,6 +269,7 @@ impl Engine {
             text,
             tokens,
             tainted,
+            own_from,
         });
         self.next_content += 1;
         let chunks = content
@@ -300,10 +313,14 @@ impl Engine {
                 while j + 1 < chunks.len() && chunks[j + 1] == chunks[j] + 1 {
                     j += 1;
                 }
-                out.push(Stale {
-                    content: content.clone(),
-                    tokens: chunks[i] * pt..((chunks[j] + 1) * pt).min(n),
-                });
+                let start = (chunks[i] * pt).max(content.own_from);
+                let end = ((chunks[j] + 1) * pt).min(n);
+                if start < end {
+                    out.push(Stale {
+                        content: content.clone(),
+                        tokens: start..end,
+                    });
+                }
                 i = j + 1;
             }
         }
