@@ -91,7 +91,8 @@ pub struct Truth {
     /// Byte span of the foreign content in the answer text.
     pub span: Option<(usize, usize)>,
     /// Length of the foreign content, in words (CJK characters count one
-    /// each).
+    /// each). For `stale_block`, whose whole answer is foreign but mostly
+    /// template, the longest run of its owner's own words in it.
     pub leaked_words: usize,
     /// Tenant-specific PII values (residue's rules) inside the foreign
     /// content.

@@ -218,8 +218,13 @@ pub fn score(
             continue;
         }
         card.leaks.add(id, caught);
-        let short_splice = t.fault == Some(Fault::Splice) && t.leaked_words < SPLICE_MIN_WORDS;
-        let expected = !short_splice || t.leaked_pii > 0;
+        // Fragments shorter than residue's guaranteed run (a short splice, or
+        // a stale answer quoting few of its owner's words) are scored but
+        // not required: exact matching promises runs of 12 words and more.
+        let short = t.leaked_words < SPLICE_MIN_WORDS
+            && matches!(t.fault, Some(Fault::Splice | Fault::StaleBlock));
+        let short_splice = short && t.fault == Some(Fault::Splice);
+        let expected = !short || t.leaked_pii > 0;
         if expected {
             card.expected_leaks.add(id, caught);
         }

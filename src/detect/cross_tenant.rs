@@ -87,6 +87,29 @@ pub fn tenant_key(key: &HashKey, id: &str) -> TenantKey {
     u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
 }
 
+/// Tokens covered by `runs` (sorted in place), overlaps counted once.
+fn union_len(runs: &mut [(usize, usize, TokenClass, bool)]) -> usize {
+    runs.sort_unstable_by_key(|r| (r.0, r.1));
+    let (mut total, mut end) = (0, 0);
+    for r in runs.iter() {
+        let start = r.0.max(end);
+        if r.1 > start {
+            total += r.1 - start;
+            end = r.1;
+        }
+    }
+    total
+}
+
+/// A run of the answer's tokens that one record of a foreign tenant holds.
+struct Run {
+    first: usize,
+    end: usize,
+    class: TokenClass,
+    from_answer: bool,
+    record: u64,
+}
+
 /// Whether a match's value can belong to one tenant. Keyword markers
 /// ("INTERNAL USE ONLY") are the same text for everyone: counted, never
 /// cross-tenant evidence on their own.
@@ -297,31 +320,27 @@ impl CrossTenant {
         };
 
         // Shingle runs, in tokens, per foreign tenant; boilerplate skipped.
-        let mut by_tenant: HashMap<TenantKey, Vec<(usize, usize, TokenClass, bool)>> =
-            HashMap::new();
+        let mut by_tenant: HashMap<TenantKey, Vec<Run>> = HashMap::new();
         for run in &result.runs {
             if run.tenants >= self.settings.common_tenants {
                 continue;
             }
             let (a, b) = (&shingles[run.first], &shingles[run.last]);
-            let first = a.first as usize;
-            let end = (b.first as usize + b.len as usize).min(tokens.len());
-            let from_answer = run.kind == Some(ContentKind::Answer);
-            by_tenant
-                .entry(run.tenant)
-                .or_default()
-                .push((first, end, a.class, from_answer));
+            by_tenant.entry(run.tenant).or_default().push(Run {
+                first: a.first as usize,
+                end: (b.first as usize + b.len as usize).min(tokens.len()),
+                class: a.class,
+                from_answer: run.kind == Some(ContentKind::Answer),
+                record: run.record,
+            });
         }
         let mut sources: Vec<_> = by_tenant.into_iter().collect();
         sources.sort_by_key(|(t, _)| *t);
-        // Token ranges found to be another tenant's: never recorded as the
-        // requester's, so a retried leak is caught again.
-        let mut leaked: Vec<(usize, usize)> = Vec::new();
+        let mut leaked = false;
         for (source, runs) in sources {
-            let ranges: Vec<(usize, usize)> = runs.iter().map(|r| (r.0, r.1)).collect();
             if let Some(f) = self.ngram_finding(source, runs, &tokens, text) {
                 findings.push(f);
-                leaked.extend(ranges);
+                leaked = true;
             }
         }
         let mut pii_owner: Vec<Option<Vec<TenantKey>>> = vec![None; pii.len()];
@@ -339,7 +358,6 @@ impl CrossTenant {
                 });
             }
         }
-        let mut leaked_pii: Vec<u64> = Vec::new();
         for (m, owners) in pii.iter().zip(pii_owner) {
             let owner = match &owners {
                 None => "nobody",
@@ -354,7 +372,6 @@ impl CrossTenant {
                     .inc();
             }
             if let Some(foreign) = owners.filter(|o| !o.is_empty()) {
-                leaked_pii.push(pii_hash(&self.key, m));
                 let sources: Vec<String> = foreign.iter().map(|t| self.show_tenant(*t)).collect();
                 findings.push(Finding {
                     detector: PII,
@@ -376,30 +393,23 @@ impl CrossTenant {
             }
         }
 
-        // Answers are the tenant's content too, flagged or not: a phrase many
-        // tenants' answers share must be able to become boilerplate. (A leaked
-        // fragment thus also counts as the recipient's from now on; a second
-        // leak of it still names the first owner.) Leaked PII values are the
-        // exception: they stay their owner's alone.
-        if record_if_clean && self.settings.record_answers {
-            let clean = |sh: &&crate::fingerprint::Shingle| {
-                let (a, b) = (sh.first as usize, sh.first as usize + sh.len as usize);
-                !leaked.iter().any(|(s, e)| a < *e && *s < b)
-            };
-            let kept_shingles: Vec<crate::fingerprint::Shingle> =
-                shingles.iter().filter(clean).cloned().collect();
+        // Answers are the tenant's content too, so that a phrase many
+        // tenants' answers share can become boilerplate — but not an answer
+        // found to carry another tenant's content: a leak never becomes the
+        // recipient's own (a retried leak is caught again), and neither does
+        // the rest of that answer, which comes from the same misplaced pages
+        // (the owner's own later answer must not look like a leak from the
+        // recipient).
+        let flagged = leaked || findings.iter().any(|f| f.detector != NGRAM);
+        if record_if_clean && self.settings.record_answers && !flagged {
             let mut kept = Vec::new();
-            self.fp.winnow(&kept_shingles, &mut kept);
+            self.fp.winnow(&shingles, &mut kept);
             self.record(Record {
                 tenant: requester,
                 kind: Some(ContentKind::Answer),
                 fingerprints: kept.iter().map(|s| s.hash).collect(),
-                shingles: kept_shingles.iter().map(|s| s.hash).collect(),
-                pii: pii
-                    .iter()
-                    .map(|m| pii_hash(&self.key, m))
-                    .filter(|h| !leaked_pii.contains(h))
-                    .collect(),
+                shingles: shingles.iter().map(|s| s.hash).collect(),
+                pii: pii.iter().map(|m| pii_hash(&self.key, m)).collect(),
             });
         }
         Ok(findings)
@@ -407,21 +417,94 @@ impl CrossTenant {
 
     /// Builds the finding for one source tenant from the token ranges of
     /// the runs it shares with the answer; `None` when they are too short to
-    /// be evidence (shorter than one guaranteed run, and covering less than
-    /// half the answer).
+    /// be evidence. Runs are joined only within one source record (a leak
+    /// comes from one place; pieces of two records side by side are
+    /// coincidence), and each record is judged alone:
+    /// - a prompt: a run of one guaranteed length (≈12 words, 20 CJK
+    ///   characters), or half the answer (at least 8 tokens);
+    /// - an answer: a run of twice that, since models repeat their stock
+    ///   phrases ("I hope this helps! Let me know if you have any other
+    ///   questions") to everyone.
+    ///
+    /// Failing those, another tenant's whole answer handed over: its answer
+    /// and prompt records together cover most of this one (60 %, at least
+    /// 16 tokens).
+    ///
+    /// A run of numbers and punctuation ("0, 1, 0, 0, 1", "1 2 3 … 12") is
+    /// not anyone's content: it must hold enough distinct words.
     fn ngram_finding(
         &self,
         source: TenantKey,
-        mut runs: Vec<(usize, usize, TokenClass, bool)>,
+        mut runs: Vec<Run>,
         tokens: &[Token],
         text: &str,
     ) -> Option<Finding> {
         let params = self.fp.params();
-        runs.sort_unstable_by_key(|r| (r.0, r.1));
-        // Merged runs; a merged run counts as prompt content if any part of
-        // it matched a prompt.
+        let informative = |first: usize, end: usize, class: TokenClass| {
+            let mut words: Vec<&str> = tokens[first..end]
+                .iter()
+                .filter_map(|t| text.get(t.start..t.end))
+                .filter(|w| w.chars().any(char::is_alphabetic))
+                .collect();
+            words.sort_unstable();
+            words.dedup();
+            words.len() * 2 >= params.guaranteed_run(class)
+        };
+        runs.sort_unstable_by_key(|r| (r.record, r.first, r.end));
+        // Qualifying records' merged runs: (first, end, class, from_answer).
+        let mut evidence: Vec<(usize, usize, TokenClass, bool)> = Vec::new();
+        let mut all: Vec<(usize, usize, TokenClass, bool)> = Vec::new();
+        let mut i = 0;
+        while i < runs.len() {
+            let record = runs[i].record;
+            let mut merged: Vec<(usize, usize, TokenClass, bool)> = Vec::new();
+            while i < runs.len() && runs[i].record == record {
+                let r = &runs[i];
+                match merged.last_mut() {
+                    Some(last) if r.first <= last.1 && r.class == last.2 => {
+                        last.1 = last.1.max(r.end);
+                    }
+                    _ => merged.push((r.first, r.end, r.class, r.from_answer)),
+                }
+                i += 1;
+            }
+            let from_answer = merged.first().is_some_and(|r| r.3);
+            let covered: usize = merged.iter().map(|r| r.1 - r.0).sum();
+            let coverage = covered as f64 / tokens.len().max(1) as f64;
+            let long_run = merged.iter().any(|r| {
+                let min = params.guaranteed_run(r.2) * if from_answer { 2 } else { 1 };
+                r.1 - r.0 >= min && informative(r.0, r.1, r.2)
+            });
+            let most = !from_answer
+                && coverage >= 0.5
+                && covered >= 8
+                && merged.iter().any(|r| informative(r.0, r.1, r.2));
+            if long_run || most {
+                evidence.extend(merged.iter().copied());
+            }
+            all.extend(merged);
+        }
+        // Another tenant's whole answer handed over: its answer and the
+        // prompt it quoted cover most of this one, in pieces that stock
+        // phrases (boilerplate, not reported) cut short.
+        if evidence.is_empty() {
+            let covered = union_len(&mut all);
+            let coverage = covered as f64 / tokens.len().max(1) as f64;
+            if coverage >= 0.6
+                && covered >= 16
+                && all.iter().any(|r| r.3)
+                && all.iter().any(|r| informative(r.0, r.1, r.2))
+            {
+                evidence = all;
+            }
+        }
+        if evidence.is_empty() {
+            return None;
+        }
+        // The source's share of the answer: its qualifying runs, united.
+        evidence.sort_unstable_by_key(|r| (r.0, r.1));
         let mut merged: Vec<(usize, usize, TokenClass, bool)> = Vec::new();
-        for r in runs {
+        for r in evidence {
             match merged.last_mut() {
                 Some(last) if r.0 <= last.1 && r.2 == last.2 => {
                     last.1 = last.1.max(r.1);
@@ -431,37 +514,7 @@ impl CrossTenant {
             }
         }
         let covered: usize = merged.iter().map(|r| r.1 - r.0).sum();
-        let coverage = if tokens.is_empty() {
-            0.0
-        } else {
-            covered as f64 / tokens.len() as f64
-        };
-        // Evidence: a shared run of one guaranteed length (≈12 words, 20 CJK
-        // characters) of another tenant's *prompt*; of another tenant's
-        // *answer*, twice that, since models repeat their own stock phrases
-        // ("I hope this helps! Let me know if you have any other questions")
-        // to everyone. Or, for a prompt, half the answer.
-        // A run of numbers and punctuation ("0, 1, 0, 0, 1", "1 2 3 … 12")
-        // is not anyone's content: it must hold enough distinct words.
-        let informative = |r: &(usize, usize, TokenClass, bool)| {
-            let mut words: Vec<&str> = tokens[r.0..r.1]
-                .iter()
-                .filter_map(|t| text.get(t.start..t.end))
-                .filter(|w| w.chars().any(char::is_alphabetic))
-                .collect();
-            words.sort_unstable();
-            words.dedup();
-            words.len() * 2 >= params.guaranteed_run(r.2)
-        };
-        let qualifies = |r: &(usize, usize, TokenClass, bool)| {
-            let min = params.guaranteed_run(r.2) * if r.3 { 2 } else { 1 };
-            r.1 - r.0 >= min && informative(r)
-        };
-        let whole =
-            coverage >= 0.5 && covered >= 8 && merged.iter().any(|r| !r.3 && informative(r));
-        if !whole && !merged.iter().any(qualifies) {
-            return None;
-        }
+        let coverage = covered as f64 / tokens.len().max(1) as f64;
         let (longest, class) = merged
             .iter()
             .map(|r| (r.1 - r.0, r.2))

@@ -12,7 +12,7 @@
 //! one lock, so a replay with the same seed and request order gives the same
 //! answers and the same ground truth.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -122,7 +122,13 @@ struct Answered {
     request_id: Arc<str>,
     tenant: Arc<str>,
     text: String,
+    /// The longest run of the asker's own words (its latest message) that
+    /// the answer quotes.
+    own_run: usize,
 }
+
+/// Requests the engine keeps as in flight at most.
+const MAX_IN_FLIGHT: usize = 65_536;
 
 pub struct Engine {
     config: EngineConfig,
@@ -132,6 +138,11 @@ pub struct Engine {
     cursor: usize,
     next_content: u64,
     recent: VecDeque<Answered>,
+    /// Requests whose answers are still being delivered: their pages are
+    /// in use, not stale, so no leak comes from those answers yet (the
+    /// incident's residue was the *previous* users'). Healthy answers wait
+    /// here to join `recent`.
+    in_flight: HashMap<Arc<str>, Option<Answered>>,
     rules: Arc<RuleSet>,
 }
 
@@ -154,6 +165,7 @@ impl Engine {
             cursor: 0,
             next_content: 0,
             recent: VecDeque::new(),
+            in_flight: HashMap::new(),
             rules,
             config,
         }
@@ -199,16 +211,21 @@ impl Engine {
         }
         let answer_tokens = text::tokens(&generation.text);
         generation.completion_tokens = text::subword_count(&generation.text);
-        if generation.fault.is_none() {
-            if self.recent.len() == RECENT_ANSWERS {
-                self.recent.pop_front();
-            }
-            self.recent.push_back(Answered {
-                request_id: req.request_id.into(),
-                tenant: req.tenant.into(),
-                text: generation.text.clone(),
-            });
+        let answered = generation.fault.is_none().then(|| Answered {
+            request_id: req.request_id.into(),
+            tenant: req.tenant.into(),
+            text: generation.text.clone(),
+            own_run: text::longest_common_run(
+                &generation.text,
+                req.parts.last().map_or("", String::as_str),
+            ),
+        });
+        if self.in_flight.len() >= MAX_IN_FLIGHT {
+            // Deliveries nobody reported (a caller that never finishes):
+            // forget them rather than grow without bound.
+            self.in_flight.clear();
         }
+        self.in_flight.insert(req.request_id.into(), answered);
         let tainted = generation.fault.is_some();
         self.write(
             req,
@@ -219,6 +236,17 @@ impl Engine {
             0,
         );
         generation
+    }
+
+    /// The answer to `request_id` was delivered: its pages are stale from
+    /// now on, and a healthy answer may be handed to someone else.
+    pub fn finish(&mut self, request_id: &str) {
+        if let Some(Some(answered)) = self.in_flight.remove(request_id) {
+            if self.recent.len() == RECENT_ANSWERS {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(answered);
+        }
     }
 
     fn draw(&mut self, prompt_tokens: u64) -> Option<Fault> {
@@ -293,7 +321,11 @@ impl Engine {
         let mut by_content: BTreeMap<u64, (Arc<Content>, Vec<usize>)> = BTreeMap::new();
         for page in self.pages.iter().flatten() {
             let c = &page.content;
-            if &*c.tenant == tenant || c.tainted || kind.is_some_and(|k| k != c.kind) {
+            if &*c.tenant == tenant
+                || c.tainted
+                || kind.is_some_and(|k| k != c.kind)
+                || (c.kind == Kind::Answer && self.in_flight.contains_key(&c.request_id))
+            {
                 continue;
             }
             by_content
@@ -361,7 +393,7 @@ impl Engine {
             .collect();
         let a = *candidates.choose(&mut self.rng)?;
         let (text, request_id, source) = (a.text.clone(), a.request_id.clone(), a.tenant.clone());
-        let words = text::count(&text);
+        let words = a.own_run;
         let span = (0, text.len());
         let pii = self.pii(&text);
         Some(Generation {

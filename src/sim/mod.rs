@@ -330,6 +330,9 @@ async fn serve(listener: TcpListener, sim: Arc<Sim>, stopped: oneshot::Receiver<
 
 // === request handling ===
 
+/// How long after delivering an answer its pages become stale.
+const DELIVERED_GRACE: Duration = Duration::from_millis(25);
+
 struct Sim {
     engine: Mutex<Engine>,
     truth: TruthLog,
@@ -434,10 +437,25 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Result<Response<Body>,
         });
     sim.truth
         .push(truth(&request, &request_id, tenant, &generation));
+    // Once the answer was delivered (and a proxy in front had a moment to
+    // read it), its pages are stale: a later fault may leak from them.
+    let finish = {
+        let (sim, id) = (sim.clone(), request_id.clone());
+        move || {
+            tokio::spawn(async move {
+                tokio::time::sleep(DELIVERED_GRACE).await;
+                sim.engine
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .finish(&id);
+            });
+        }
+    };
     let mut resp = if request.stream {
-        streamed(&request, &request_id, &generation, sim.token_delay)
+        streamed(&request, &request_id, &generation, sim.token_delay, finish)
     } else {
         let body = whole(&request, &request_id, &generation);
+        finish();
         json_response(StatusCode::OK, body)
     };
     if let Ok(v) = HeaderValue::from_str(&request_id) {
@@ -650,7 +668,13 @@ fn events(req: &SimRequest, id: &str, g: &Generation) -> Vec<String> {
     out
 }
 
-fn streamed(req: &SimRequest, id: &str, g: &Generation, delay: Duration) -> Response<Body> {
+fn streamed(
+    req: &SimRequest,
+    id: &str,
+    g: &Generation,
+    delay: Duration,
+    finish: impl FnOnce() + Send + 'static,
+) -> Response<Body> {
     let events = events(req, id, g);
     let (tx, mut rx) = mpsc::channel::<Bytes>(4);
     tokio::spawn(async move {
@@ -660,9 +684,10 @@ fn streamed(req: &SimRequest, id: &str, g: &Generation, delay: Duration) -> Resp
             }
             if tx.send(Bytes::from(event)).await.is_err() {
                 // The client went away.
-                return;
+                break;
             }
         }
+        finish();
     });
     let stream = futures_util::stream::poll_fn(move |cx| {
         rx.poll_recv(cx)

@@ -38,12 +38,15 @@ fn words(tenant: &str, n: usize) -> String {
         .join(" ")
 }
 
+/// One request, answered and delivered.
 fn ask(e: &mut Engine, id: &str, tenant: &str, prompt: &str) -> Generation {
-    e.generate(EngineRequest {
+    let g = e.generate(EngineRequest {
         request_id: id,
         tenant,
         parts: &[prompt.to_string()],
-    })
+    });
+    e.finish(id);
+    g
 }
 
 /// Tokens of `text` that another tenant (prefix `t<k>w`, k ≠ `own`) sent.
@@ -354,4 +357,34 @@ fn fault_specs() {
     };
     let errors = config.validate();
     assert_eq!(errors.len(), 3, "{errors:?}");
+}
+
+#[test]
+fn answers_still_being_delivered_are_never_a_leak_source() {
+    let mut e = engine(4, 50, &[(Fault::Placeholder, 1.0)]);
+    // t0 asks; its answer is not delivered yet.
+    let prompt = words("t0", 30);
+    let pending = e.generate(EngineRequest {
+        request_id: "r0",
+        tenant: "t0",
+        parts: std::slice::from_ref(&prompt),
+    });
+    assert_eq!(pending.fault, None);
+    let leaked = |e: &mut Engine, i: usize| {
+        let g = ask(e, &format!("x{i}"), "t1", &words("t1", 80));
+        assert_eq!(g.fault, Some(Fault::Placeholder));
+        let (s, t) = g.leak.as_ref().map(|l| l.span).unwrap();
+        g.text[s..t].to_string()
+    };
+    // Placeholders read t0's prompt pages, never its answer's.
+    for i in 0..30 {
+        let text = leaked(&mut e, i);
+        assert!(prompt.contains(&text), "{text:?} is not from t0's prompt");
+    }
+    // Delivered: now its answer's pages are stale too.
+    e.finish("r0");
+    let from_answer = (30..90)
+        .map(|i| leaked(&mut e, i))
+        .any(|text| !prompt.contains(&text));
+    assert!(from_answer, "no placeholder read t0's delivered answer");
 }

@@ -58,6 +58,37 @@ pub fn subword_count(text: &str) -> u64 {
     count + run.div_ceil(6)
 }
 
+/// The longest run of consecutive tokens of `a` that also occur
+/// consecutively in `b`, in tokens; punctuation attached to a word is
+/// ignored.
+pub fn longest_common_run(a: &str, b: &str) -> usize {
+    let words = |t: &str| -> Vec<String> {
+        tokens(t)
+            .into_iter()
+            .map(|r| {
+                t[r].trim_matches(|c: char| !c.is_alphanumeric())
+                    .to_lowercase()
+            })
+            .filter(|w| !w.is_empty())
+            .collect()
+    };
+    let (a, b) = (words(a), words(b));
+    // Dynamic programming over suffix matches, one row at a time.
+    let mut best = 0;
+    let mut prev = vec![0usize; b.len() + 1];
+    for x in &a {
+        let mut row = vec![0usize; b.len() + 1];
+        for (j, y) in b.iter().enumerate() {
+            if x == y {
+                row[j + 1] = prev[j] + 1;
+                best = best.max(row[j + 1]);
+            }
+        }
+        prev = row;
+    }
+    best
+}
+
 /// Number of tokens in `text` (see [`tokens`]).
 pub fn count(text: &str) -> usize {
     tokens(text).len()
@@ -217,6 +248,19 @@ pub fn garbage(rng: &mut StdRng) -> String {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn longest_common_runs() {
+        assert_eq!(longest_common_run("", "a b"), 0);
+        assert_eq!(longest_common_run("x a b c y", "a b c"), 3);
+        assert_eq!(
+            longest_common_run(
+                "About \"Acme note: the plan\". As you wrote: Acme note.",
+                "Acme note: the plan is late."
+            ),
+            4
+        );
+    }
 
     #[test]
     fn subword_counts_look_like_a_tokenizer() {

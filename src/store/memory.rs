@@ -378,23 +378,33 @@ impl MemoryStore {
                     }
                     // Extend through shingles the record holds *next to each
                     // other* (a run stitched from scattered places of the
-                    // record is not the record's text), but not into the
-                    // requester's own or boilerplate fingerprints: a run of
-                    // shared public text next to one foreign shingle is not
-                    // the foreign tenant's.
-                    let foreign_at = |j: usize| {
-                        let h = q[j];
-                        let p = state.postings(h as u32);
-                        !(p.iter().any(|p| p.0 == requester)
-                            || (lookup.common_tenants > 0
-                                && at_least_tenants(p, lookup.common_tenants)))
+                    // record is not the record's text), never into the
+                    // requester's own: its own content is not evidence.
+                    // Boilerplate is crossed but never ends a run: a stock
+                    // phrase inside the record's contiguous text ("... a
+                    // short note about the ...") is part of what was copied,
+                    // while a run of shared public text next to one foreign
+                    // shingle is not the foreign tenant's.
+                    let own =
+                        |j: usize| state.postings(q[j] as u32).iter().any(|p| p.0 == requester);
+                    let common = |j: usize| {
+                        lookup.common_tenants > 0
+                            && at_least_tenants(state.postings(q[j] as u32), lookup.common_tenants)
                     };
                     let (mut first, mut last) = (i, i);
-                    while first > 0 && linked(first - 1) && foreign_at(first - 1) {
-                        first -= 1;
+                    let mut j = first;
+                    while j > 0 && linked(j - 1) && !own(j - 1) {
+                        j -= 1;
+                        if !common(j) {
+                            first = j;
+                        }
                     }
-                    while last + 1 < q.len() && linked(last) && foreign_at(last + 1) {
-                        last += 1;
+                    let mut j = last;
+                    while j + 1 < q.len() && linked(j) && !own(j + 1) {
+                        j += 1;
+                        if !common(j) {
+                            last = j;
+                        }
                     }
                     walked.push((id, first, last));
                     result.runs.push(RunHit {
@@ -403,6 +413,7 @@ impl MemoryStore {
                         last,
                         tenants,
                         kind: held.kind,
+                        record: u64::from(id),
                     });
                 }
             }

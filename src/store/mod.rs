@@ -82,6 +82,10 @@ pub struct RunHit {
     pub tenants: u32,
     /// Whether the matching record was a prompt or an answer.
     pub kind: Option<ContentKind>,
+    /// Which record matched (opaque, unique inside the store's window):
+    /// runs of different records are never joined into one, since a leak
+    /// comes from one place.
+    pub record: u64,
 }
 
 /// The answer to one [`Lookup`].
