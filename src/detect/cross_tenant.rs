@@ -87,20 +87,6 @@ pub fn tenant_key(key: &HashKey, id: &str) -> TenantKey {
     u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
 }
 
-/// Tokens covered by `runs` (sorted in place), overlaps counted once.
-fn union_len(runs: &mut [(usize, usize, TokenClass, bool)]) -> usize {
-    runs.sort_unstable_by_key(|r| (r.0, r.1));
-    let (mut total, mut end) = (0, 0);
-    for r in runs.iter() {
-        let start = r.0.max(end);
-        if r.1 > start {
-            total += r.1 - start;
-            end = r.1;
-        }
-    }
-    total
-}
-
 /// A run of the answer's tokens that one record of a foreign tenant holds.
 struct Run {
     first: usize,
@@ -424,11 +410,9 @@ impl CrossTenant {
     ///   characters), or half the answer (at least 8 tokens);
     /// - an answer: a run of twice that, since models repeat their stock
     ///   phrases ("I hope this helps! Let me know if you have any other
-    ///   questions") to everyone.
-    ///
-    /// Failing those, another tenant's whole answer handed over: its answer
-    /// and prompt records together cover most of this one (60 %, at least
-    /// 16 tokens).
+    ///   questions") to everyone. Another tenant's whole answer handed over
+    ///   is one such run: stock phrases and the requester's own words
+    ///   inside it are crossed, not cut at (see the store).
     ///
     /// A run of numbers and punctuation ("0, 1, 0, 0, 1", "1 2 3 … 12") is
     /// not anyone's content: it must hold enough distinct words.
@@ -453,7 +437,6 @@ impl CrossTenant {
         runs.sort_unstable_by_key(|r| (r.record, r.first, r.end));
         // Qualifying records' merged runs: (first, end, class, from_answer).
         let mut evidence: Vec<(usize, usize, TokenClass, bool)> = Vec::new();
-        let mut all: Vec<(usize, usize, TokenClass, bool)> = Vec::new();
         let mut i = 0;
         while i < runs.len() {
             let record = runs[i].record;
@@ -480,22 +463,7 @@ impl CrossTenant {
                 && covered >= 8
                 && merged.iter().any(|r| informative(r.0, r.1, r.2));
             if long_run || most {
-                evidence.extend(merged.iter().copied());
-            }
-            all.extend(merged);
-        }
-        // Another tenant's whole answer handed over: its answer and the
-        // prompt it quoted cover most of this one, in pieces that stock
-        // phrases (boilerplate, not reported) cut short.
-        if evidence.is_empty() {
-            let covered = union_len(&mut all);
-            let coverage = covered as f64 / tokens.len().max(1) as f64;
-            if coverage >= 0.6
-                && covered >= 16
-                && all.iter().any(|r| r.3)
-                && all.iter().any(|r| informative(r.0, r.1, r.2))
-            {
-                evidence = all;
+                evidence.extend(merged);
             }
         }
         if evidence.is_empty() {
@@ -657,5 +625,114 @@ mod tests {
         let findings = d.scan(&tenant("b"), "Note: with Halvorsen Maritime closes on the ninth of March and the purchase price stays at. Bye.", true);
         assert_eq!(findings.len(), 1, "{findings:#?}");
         assert_eq!(findings[0].evidence["source_tenant"], "a");
+    }
+
+    fn prompt(text: &str) -> Prompt {
+        Prompt {
+            parts: vec![text.into()],
+            pretokenized: 0,
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn pieces_of_two_records_side_by_side_are_not_one_run() {
+        let rt = runtime();
+        let d = detector(&rt);
+        // Eight words of A's prompt, eight of A's earlier answer: each
+        // under the 12-word run, and from two different places.
+        d.record_prompt(
+            &tenant("a"),
+            &prompt("Quarterly freight ledgers for Ostrava depot reconcile against Brno invoices every Thursday morning."),
+        );
+        assert!(d
+            .scan(&tenant("a"), "Harbour cranes idle near pier eleven because winch cables snapped overnight again.", true)
+            .is_empty());
+        let f = d.scan(
+            &tenant("b"),
+            "Note: for Ostrava depot reconcile against Brno invoices every Thursday near pier eleven because winch cables snapped overnight.",
+            true,
+        );
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn a_copied_passage_with_a_stock_phrase_inside_is_one_run() {
+        let rt = runtime();
+        let d = detector(&rt);
+        let stock = "please let me know if you have any questions about this";
+        for t in ["x", "y", "z"] {
+            d.record_prompt(
+                &tenant(t),
+                &prompt(&format!("{t} says hello. {stock}. Bye {t}.")),
+            );
+        }
+        // A's passage: five words of its own on each side of the stock
+        // phrase; no run of 12 of A's own words without it.
+        let passage =
+            format!("Vilnius cold storage audit postponed, {stock}, Kaunas pallets return Friday");
+        d.record_prompt(
+            &tenant("a"),
+            &prompt(&format!("Team note. {passage}. Thanks.")),
+        );
+        let f = d.scan(&tenant("b"), &format!("Sure. {passage}. Done."), true);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(f[0].evidence["source_tenant"], "a");
+        assert!(
+            f[0].evidence["longest_run_tokens"].as_u64().unwrap() >= 20,
+            "{f:#?}"
+        );
+        // The stock phrase alone is still nobody's.
+        assert!(d
+            .scan(&tenant("c"), &format!("Well, {stock}. Cheers."), true)
+            .is_empty());
+    }
+
+    #[test]
+    fn a_leaked_answer_is_not_recorded_as_the_recipients() {
+        let rt = runtime();
+        let d = detector(&rt);
+        let a_prompt = "Merger talks with Halvorsen Maritime resume on the ninth of March at the Bergen office.";
+        let a_answer = "The Halvorsen board expects a revised offer near four hundred million kroner before Easter.";
+        d.record_prompt(&tenant("a"), &prompt(a_prompt));
+        // B's answer carries A's prompt and the answer A is still receiving.
+        let leak = format!("{a_prompt} {a_answer}");
+        assert_eq!(d.scan(&tenant("b"), &leak, true).len(), 1);
+        // A's own answer, scanned when its stream ends, is A's: not a leak
+        // from B.
+        let f = d.scan(&tenant("a"), a_answer, true);
+        assert!(f.is_empty(), "{f:#?}");
+        // And B's retry is caught again.
+        assert_eq!(d.scan(&tenant("b"), &leak, true).len(), 1);
+    }
+
+    #[test]
+    fn another_tenants_whole_answer_handed_over_is_caught() {
+        let rt = runtime();
+        let d = detector(&rt);
+        let stock = "I hope this helps, and let me know if anything is unclear";
+        for t in ["x", "y", "z"] {
+            assert!(d
+                .scan(&tenant(t), &format!("{t}: done. {stock}."), true)
+                .is_empty());
+        }
+        // A's answer: its own words around a stock phrase, 31 words.
+        let answer = format!(
+            "Rotate the Tromso backup keys weekly and archive the Narvik audit trail; {stock}; brief Inga before the Oslo review on Monday."
+        );
+        assert!(d.scan(&tenant("a"), &answer, true).is_empty());
+        let f = d.scan(&tenant("b"), &answer, true);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(f[0].evidence["source_kind"], "answer");
+        // Stock phrases run across, never counted alone: a short shared
+        // answer is not enough.
+        let short = format!("Rotate the Tromso keys; {stock}.");
+        assert!(d.scan(&tenant("a"), &short, true).is_empty());
+        assert!(d.scan(&tenant("c"), &short, true).is_empty());
     }
 }

@@ -378,31 +378,31 @@ impl MemoryStore {
                     }
                     // Extend through shingles the record holds *next to each
                     // other* (a run stitched from scattered places of the
-                    // record is not the record's text), never into the
-                    // requester's own: its own content is not evidence.
-                    // Boilerplate is crossed but never ends a run: a stock
-                    // phrase inside the record's contiguous text ("... a
-                    // short note about the ...") is part of what was copied,
-                    // while a run of shared public text next to one foreign
-                    // shingle is not the foreign tenant's.
-                    let own =
-                        |j: usize| state.postings(q[j] as u32).iter().any(|p| p.0 == requester);
-                    let common = |j: usize| {
-                        lookup.common_tenants > 0
-                            && at_least_tenants(state.postings(q[j] as u32), lookup.common_tenants)
+                    // record is not the record's text). A shingle the
+                    // requester also holds, or boilerplate, is crossed but
+                    // never begins or ends a run: a stock phrase inside the
+                    // record's contiguous text ("... a short note about the
+                    // ...") is part of what was copied, while the
+                    // requester's own words or shared public text next to
+                    // one foreign shingle are not the foreign tenant's.
+                    let countable = |j: usize| {
+                        let p = state.postings(q[j] as u32);
+                        !(p.iter().any(|p| p.0 == requester)
+                            || (lookup.common_tenants > 0
+                                && at_least_tenants(p, lookup.common_tenants)))
                     };
                     let (mut first, mut last) = (i, i);
                     let mut j = first;
-                    while j > 0 && linked(j - 1) && !own(j - 1) {
+                    while j > 0 && linked(j - 1) {
                         j -= 1;
-                        if !common(j) {
+                        if countable(j) {
                             first = j;
                         }
                     }
                     let mut j = last;
-                    while j + 1 < q.len() && linked(j) && !own(j + 1) {
+                    while j + 1 < q.len() && linked(j) {
                         j += 1;
-                        if !common(j) {
+                        if countable(j) {
                             last = j;
                         }
                     }

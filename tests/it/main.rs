@@ -3,6 +3,7 @@
 mod accounting;
 mod cli;
 mod cross_tenant;
+mod demo;
 mod enforce;
 mod families;
 mod hostile;
