@@ -67,6 +67,9 @@ pub struct DemoOutcome {
     pub scorecard: Scorecard,
     pub markdown: String,
     pub elapsed: Duration,
+    /// Answers residue did not scan, by reason (load shedding, unreadable
+    /// bodies): counted, never waited for.
+    pub not_scanned: BTreeMap<String, u64>,
 }
 
 /// The residue configuration of the demo: monitor mode (the default), every
@@ -219,6 +222,11 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
     }
 
     let latency = latency_summary(&residue.metrics);
+    let mut not_scanned = by_label(&residue.metrics.scan_dropped);
+    for (reason, n) in by_label(&residue.metrics.unscanned) {
+        *not_scanned.entry(reason).or_default() += n;
+    }
+    not_scanned.retain(|_, n| *n > 0);
     let truth = sim.truth.records();
     let incidents: Vec<scorecard::IncidentRecord> = collected
         .lock()
@@ -242,7 +250,25 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
         scorecard: card,
         markdown,
         elapsed: started.elapsed(),
+        not_scanned,
     })
+}
+
+/// A counter's values by its one label.
+fn by_label(v: &prometheus::IntCounterVec) -> BTreeMap<String, u64> {
+    use prometheus::core::Collector;
+    let mut out = BTreeMap::new();
+    for mf in v.collect() {
+        for m in mf.get_metric() {
+            let label = m
+                .get_label()
+                .first()
+                .map(|l| l.get_value().to_string())
+                .unwrap_or_default();
+            *out.entry(label).or_default() += m.get_counter().get_value() as u64;
+        }
+    }
+    out
 }
 
 fn counter_sum(v: &prometheus::IntCounterVec) -> u64 {

@@ -278,6 +278,12 @@ fn demo(args: DemoArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let outcome = runtime.block_on(residue::demo::run(config))?;
     println!("\n{}", outcome.markdown);
+    if !outcome.not_scanned.is_empty() {
+        println!(
+            "Answers residue did not scan (counted, never waited for): {:?}\n",
+            outcome.not_scanned
+        );
+    }
     println!(
         "Done in {:.1} s. Ground truth, incidents and the scorecard are in {}/.",
         outcome.elapsed.as_secs_f64(),
