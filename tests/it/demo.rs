@@ -43,7 +43,7 @@ async fn every_leak_the_engine_injects_is_caught_and_clean_answers_are_not_flagg
     assert!(card.pii_leaks.total >= 3, "{md}");
     assert_eq!(card.pii_leaks.missed, 0, "{md}");
     // No false positive on the clean answers of the run.
-    assert!(card.clean.responses >= 300, "{md}");
+    assert!(card.clean.responses >= 250, "{md}");
     assert_eq!(card.clean.false_positives, 0, "{md}");
     assert_eq!(card.missed_leaks, 0, "{md}");
     assert!(card.passed, "{md}");
