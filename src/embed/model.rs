@@ -124,9 +124,10 @@ impl Embedder {
             )));
         }
 
-        // SAFETY: the file is memory-mapped, and changing it while mapped is
-        // undefined behaviour. The model folder is written once by
-        // `models/fetch` (into place by a rename) and only read afterwards.
+        // SAFETY: the file is memory-mapped, and changing it in place while
+        // mapped is undefined behaviour. `models/fetch` never writes into an
+        // installed file: it deletes a folder that fails its checksums and
+        // moves a fresh one in, which leaves an existing mapping intact.
         let vb =
             unsafe { VarBuilder::from_mmaped_safetensors(&[&weights_path], DType::F32, &device) }
                 .map_err(|e| EmbedError::Weights {
