@@ -435,3 +435,29 @@ fn minilm_scores_paraphrases_high_and_unrelated_texts_low() {
         assert!(diff < 1e-4, "{text:?}: batched differs by {diff}");
     }
 }
+
+/// Throughput on this machine's CPU. Run in release:
+/// `cargo test --release --lib embed::tests::minilm_throughput -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement; prints a table"]
+fn minilm_throughput() {
+    let Some(dir) = real_model() else { return };
+    let embedder = Embedder::load_on(&dir, Device::Cpu).expect("load MiniLM");
+    // About 40 tokens, a typical chunk of an answer.
+    let text = "The customer's order number 48213 shipped on Tuesday from the Denver \
+                warehouse and should arrive before the end of the week, according to \
+                the tracking page the support agent shared.";
+    println!("threads {}", candle_core::utils::get_num_threads());
+    println!("batch  ms/batch  ms/text");
+    for batch in [1usize, 8, 32, 64] {
+        let texts = vec![text; batch];
+        embedder.embed(&texts).expect("warm up");
+        let rounds = 5;
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            embedder.embed(&texts).expect("embed");
+        }
+        let ms = start.elapsed().as_secs_f64() * 1000.0 / rounds as f64;
+        println!("{batch:5}  {ms:8.1}  {:7.2}", ms / batch as f64);
+    }
+}
