@@ -9,6 +9,7 @@ pub mod body;
 pub mod config;
 pub mod demo;
 pub mod detect;
+pub mod embed;
 pub mod encoding;
 pub mod enforce;
 pub mod error;

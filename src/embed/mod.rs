@@ -1,0 +1,13 @@
+//! Sentence embeddings for the semantic detectors: a BERT-family
+//! sentence-transformers model run with candle, batched, pooled and
+//! L2-normalised so that a dot product is a cosine similarity.
+//!
+//! `models/fetch` installs the default model (all-MiniLM-L6-v2) into
+//! `models/all-MiniLM-L6-v2/`.
+
+mod model;
+
+pub use model::{EmbedError, Embedder, Pooling};
+
+#[cfg(test)]
+mod tests;
