@@ -70,6 +70,47 @@ pub struct DemoOutcome {
     /// Answers residue did not scan, by reason (load shedding, unreadable
     /// bodies): counted, never waited for.
     pub not_scanned: BTreeMap<String, u64>,
+    /// Answers still unscanned when the demo stopped waiting (30 s).
+    pub scans_pending: u64,
+    /// Requests sent, and answered with a 2xx.
+    pub sent: u64,
+    pub ok: u64,
+}
+
+impl DemoOutcome {
+    /// Why the run does not show what it should, if it does not: a missed
+    /// leak, a false positive, requests that failed, scans never done, or
+    /// nothing injected at all.
+    pub fn failures(&self) -> Vec<String> {
+        let card = &self.scorecard;
+        let mut out = Vec::new();
+        if card.missed_leaks > 0 {
+            out.push(format!(
+                "{} injected leak(s) went undetected",
+                card.missed_leaks
+            ));
+        }
+        if card.clean.false_positives > 0 {
+            out.push(format!(
+                "{} clean answer(s) were flagged",
+                card.clean.false_positives
+            ));
+        }
+        if self.ok < self.sent {
+            out.push(format!(
+                "{} of {} requests failed",
+                self.sent - self.ok,
+                self.sent
+            ));
+        }
+        if self.scans_pending > 0 {
+            out.push(format!("{} answers were never scanned", self.scans_pending));
+        }
+        if card.leaks.total == 0 {
+            out.push("no leak was injected".to_string());
+        }
+        out
+    }
 }
 
 /// The residue configuration of the demo: monitor mode (the default), every
@@ -110,6 +151,7 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
     .await
     .context("starting the simulator")?;
 
+    let sim_truth = sim.truth.clone();
     let residue = Residue::bind(residue_config(
         &format!("http://{}", sim.addr),
         &config.out_dir,
@@ -120,10 +162,9 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
 
     // Live counts of incidents by detector, for the progress line.
     let by_detector: Arc<Mutex<BTreeMap<&'static str, u64>>> = Default::default();
-    let collected: Arc<Mutex<Vec<Arc<crate::incident::Incident>>>> = Default::default();
     let mut live = residue.incidents.subscribe();
     let listener = {
-        let (by_detector, collected) = (by_detector.clone(), collected.clone());
+        let by_detector = by_detector.clone();
         tokio::spawn(async move {
             loop {
                 match live.recv().await {
@@ -133,10 +174,6 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
                             .unwrap_or_else(|p| p.into_inner())
                             .entry(incident.detector)
                             .or_default() += 1;
-                        collected
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(incident);
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(_) => break,
@@ -204,19 +241,16 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
     };
 
     // Scans finish after the last byte went out: wait for every exchange.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        let done = counter_sum(&residue.metrics.scanned)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let scans_done = || {
+        counter_sum(&residue.metrics.scanned)
             + counter_sum(&residue.metrics.unscanned)
-            + counter_sum(&residue.metrics.scan_dropped);
-        if done >= report.sent {
-            break;
-        }
+            + counter_sum(&residue.metrics.scan_dropped)
+    };
+    while scans_done() < report.sent && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Incidents are broadcast as they are reported; give the last ones a
-    // moment to arrive.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let scans_pending = report.sent.saturating_sub(scans_done());
     if let Some(bar) = &bar {
         bar.finish();
     }
@@ -227,14 +261,15 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
         *not_scanned.entry(reason).or_default() += n;
     }
     not_scanned.retain(|_, n| *n > 0);
-    let truth = sim.truth.records();
-    let incidents: Vec<scorecard::IncidentRecord> = collected
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter_map(|i| serde_json::to_value(&**i).ok())
-        .filter_map(|v| serde_json::from_value(v).ok())
-        .collect();
+    // Shutting residue down drains its scan and incident queues into
+    // incidents.jsonl: the scorecard reads the file, every incident in it
+    // (the live feed is for the progress line and may skip under load).
+    residue.shutdown().await.ok();
+    listener.abort();
+    sim.shutdown().await;
+    let truth = sim_truth.records();
+    let text = std::fs::read_to_string(&incidents_path).unwrap_or_default();
+    let (incidents, _bad) = scorecard::parse_lines::<scorecard::IncidentRecord>(&text);
     let card = scorecard::score(&truth, &incidents, Some(latency));
     let markdown = card.to_markdown();
     std::fs::write(
@@ -243,14 +278,14 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
     )?;
     std::fs::write(config.out_dir.join("scorecard.md"), &markdown)?;
 
-    residue.shutdown().await.ok();
-    listener.abort();
-    sim.shutdown().await;
     Ok(DemoOutcome {
         scorecard: card,
         markdown,
         elapsed: started.elapsed(),
         not_scanned,
+        scans_pending,
+        sent: report.sent,
+        ok: report.ok,
     })
 }
 
@@ -280,7 +315,7 @@ fn counter_sum(v: &prometheus::IntCounterVec) -> u64 {
         .sum()
 }
 
-/// residue's own added latency, p50 and p99, interpolated within the
+/// residue's own added latency, p50 and p99: upper bounds of the
 /// histogram's buckets.
 fn latency_summary(metrics: &crate::metrics::Metrics) -> LatencySummary {
     use prometheus::core::Collector;
@@ -297,26 +332,22 @@ fn latency_summary(metrics: &crate::metrics::Metrics) -> LatencySummary {
             }
         }
     }
+    // The upper bound of the bucket that holds the quantile: the histogram
+    // cannot say more (its first bucket is 0–50 µs).
     let quantile = |q: f64| -> f64 {
-        if count == 0 {
-            return 0.0;
-        }
-        let rank = q * count as f64;
-        let (mut lower, mut below) = (0.0f64, 0u64);
-        for (upper_ns, cumulative) in &buckets {
-            let upper = *upper_ns as f64 / 1e9;
-            if *cumulative as f64 >= rank {
-                let inside = (*cumulative - below).max(1) as f64;
-                return lower + (upper - lower) * ((rank - below as f64) / inside);
-            }
-            lower = upper;
-            below = *cumulative;
-        }
-        lower
+        let rank = (q * count as f64).ceil() as u64;
+        buckets
+            .iter()
+            .find(|(_, cumulative)| **cumulative >= rank.max(1))
+            .map_or(f64::INFINITY, |(upper_ns, _)| *upper_ns as f64 / 1e9)
     };
     LatencySummary {
         samples: count,
-        p50_ms: quantile(0.5) * 1e3,
-        p99_ms: quantile(0.99) * 1e3,
+        p50_ms: if count == 0 { 0.0 } else { quantile(0.5) * 1e3 },
+        p99_ms: if count == 0 {
+            0.0
+        } else {
+            quantile(0.99) * 1e3
+        },
     }
 }

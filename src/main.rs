@@ -289,9 +289,9 @@ fn demo(args: DemoArgs) -> anyhow::Result<()> {
         outcome.elapsed.as_secs_f64(),
         out_dir.display()
     );
-    let missed = outcome.scorecard.missed_leaks();
-    if missed > 0 {
-        eprintln!("residue demo: {missed} injected leak(s) went undetected");
+    let failures = outcome.failures();
+    if !failures.is_empty() {
+        eprintln!("residue demo: {}", failures.join("; "));
         std::process::exit(1);
     }
     Ok(())
@@ -307,6 +307,8 @@ fn sim(args: SimArgs) -> anyhow::Result<()> {
         page_tokens: args.page_tokens,
         faults: args.faults,
         truth_path: args.truth,
+        // A long-running simulator keeps its ground truth in the file only.
+        keep_truth: false,
         token_delay: args.token_delay,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

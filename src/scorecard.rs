@@ -45,7 +45,10 @@ pub struct IncidentRecord {
     pub evidence: serde_json::Value,
 }
 
-/// Residue's added latency (proxied minus direct), milliseconds.
+/// residue's added latency, milliseconds: its own time on a request before
+/// forwarding it and before returning the response head
+/// (`residue_added_latency_seconds`). Each figure is the upper bound of the
+/// histogram bucket that holds the quantile.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
     pub p50_ms: f64,
@@ -364,7 +367,7 @@ impl Scorecard {
         if let Some(l) = &self.latency {
             let _ = writeln!(
                 s,
-                "\nAdded latency: p50 {:.2} ms, p99 {:.2} ms ({} samples).",
+                "\nresidue's added latency (its own histogram, bucket upper bounds): p50 ≤ {} ms, p99 ≤ {} ms ({} samples).",
                 l.p50_ms, l.p99_ms, l.samples
             );
         }
@@ -539,7 +542,7 @@ mod tests {
         assert_eq!((c.leaks.total, c.leaks.caught), (2, 1));
         let md = c.to_markdown();
         assert!(md.contains("PASS"));
-        assert!(md.contains("p99 1.70 ms"));
+        assert!(md.contains("p99 ≤ 1.7 ms"), "{md}");
     }
 
     #[test]

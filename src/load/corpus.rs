@@ -132,7 +132,7 @@ const TLDS: [&str; 5] = ["com", "net", "io", "co.uk", "org"];
 impl Prompts {
     /// Builds every tenant's material. External corpora are read here;
     /// entries are dealt to tenants round-robin (ShareGPT: whole
-    /// conversations).
+    /// conversations, every part of one by one user to one tenant).
     pub fn new(corpus: &Corpus, tenants: usize, seed: u64) -> anyhow::Result<Prompts> {
         anyhow::ensure!(tenants >= 1, "at least one tenant");
         anyhow::ensure!(
@@ -154,8 +154,12 @@ impl Prompts {
                     "{}: no ShareGPT conversations",
                     path.display()
                 );
-                for (i, c) in conversations.into_iter().enumerate() {
-                    out[i % tenants].pool.extend(c.prompts);
+                // A conversation's parts (`abc_0`, `abc_11`) are one user's:
+                // one tenant's, by a stable hash of the base id.
+                for c in conversations {
+                    let h = blake3::hash(c.base_id.as_bytes());
+                    let t = u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or([0; 8]));
+                    out[(t % tenants as u64) as usize].pool.extend(c.prompts);
                 }
             }
             Corpus::Fortunes(dir) => {

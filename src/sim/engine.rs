@@ -324,7 +324,7 @@ impl Engine {
             if &*c.tenant == tenant
                 || c.tainted
                 || kind.is_some_and(|k| k != c.kind)
-                || (c.kind == Kind::Answer && self.in_flight.contains_key(&c.request_id))
+                || self.in_flight.contains_key(&c.request_id)
             {
                 continue;
             }

@@ -63,8 +63,12 @@ pub struct SimConfig {
     /// per over-capacity prompt; the others share one draw per request, so
     /// their rates must sum to at most 1.
     pub faults: Vec<(Fault, f64)>,
-    /// Ground truth, appended as JSON lines.
+    /// Ground truth, written as JSON lines (the file is started afresh).
     pub truth_path: Option<PathBuf>,
+    /// Also keep every record in memory ([`TruthLog::records`]), for an
+    /// in-process caller (the demo, tests). Off, memory stays flat however
+    /// long the simulator runs.
+    pub keep_truth: bool,
     /// Pause before each streamed chunk.
     pub token_delay: Duration,
 }
@@ -79,6 +83,7 @@ impl Default for SimConfig {
             page_tokens: 16,
             faults: Vec::new(),
             truth_path: None,
+            keep_truth: true,
             token_delay: Duration::from_millis(2),
         }
     }
@@ -171,16 +176,23 @@ pub struct TruthLog(Arc<Mutex<TruthState>>);
 #[derive(Debug, Default)]
 struct TruthState {
     records: Vec<Truth>,
+    keep: bool,
+    /// Responses with an injected fault, and with a leak.
+    faults: u64,
+    leaks: u64,
     file: Option<std::fs::File>,
 }
 
 impl TruthLog {
-    fn open(path: Option<&std::path::Path>) -> Result<TruthLog, SimError> {
+    fn open(path: Option<&std::path::Path>, keep: bool) -> Result<TruthLog, SimError> {
+        // One run per file: request ids repeat across runs with one seed, so
+        // appending would make a replay join two runs.
         let file = match path {
             Some(p) => Some(
                 std::fs::OpenOptions::new()
                     .create(true)
-                    .append(true)
+                    .write(true)
+                    .truncate(true)
                     .open(p)
                     .map_err(|source| SimError::Truth {
                         path: p.to_owned(),
@@ -191,6 +203,9 @@ impl TruthLog {
         };
         Ok(TruthLog(Arc::new(Mutex::new(TruthState {
             records: Vec::new(),
+            keep,
+            faults: 0,
+            leaks: 0,
             file,
         }))))
     }
@@ -204,10 +219,22 @@ impl TruthLog {
                 tracing::warn!(error = %e, "Cannot write ground truth.");
             }
         }
-        st.records.push(truth);
+        st.faults += u64::from(truth.fault.is_some());
+        st.leaks += u64::from(truth.leaked);
+        if st.keep {
+            st.records.push(truth);
+        }
     }
 
-    /// A copy of every record so far, in the order responses were sent.
+    /// Responses so far with an injected fault, and with a leak: cheap, for
+    /// progress lines.
+    pub fn counts(&self) -> (u64, u64) {
+        let st = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        (st.faults, st.leaks)
+    }
+
+    /// A copy of every record so far, in the order responses were sent
+    /// (none unless `keep_truth`).
     pub fn records(&self) -> Vec<Truth> {
         self.0
             .lock()
@@ -258,7 +285,7 @@ pub async fn start(config: SimConfig) -> Result<RunningSim, SimError> {
     if !errors.is_empty() {
         return Err(SimError::Config(errors));
     }
-    let truth = TruthLog::open(config.truth_path.as_deref())?;
+    let truth = TruthLog::open(config.truth_path.as_deref(), config.keep_truth)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| SimError::Bind {
@@ -426,15 +453,35 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Result<Response<Body>,
         str::to_owned,
     );
     let tenant = header_str(&parts.headers, TENANT_HEADER).unwrap_or("unknown");
-    let generation = sim
-        .engine
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .generate(EngineRequest {
-            request_id: &request_id,
-            tenant,
-            parts: &request.parts,
-        });
+    // The engine is synchronous and takes a lock; a huge prompt must not
+    // hold an async worker (or, in the demo, residue's own runtime) while it
+    // is tokenised.
+    let (generation, request) = {
+        let (sim, request_id, tenant) = (sim.clone(), request_id.clone(), tenant.to_owned());
+        match tokio::task::spawn_blocking(move || {
+            let g = sim
+                .engine
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .generate(EngineRequest {
+                    request_id: &request_id,
+                    tenant: &tenant,
+                    parts: &request.parts,
+                });
+            (g, request)
+        })
+        .await
+        {
+            Ok(done) => done,
+            Err(_) => {
+                return Ok(error(
+                    endpoint.unwrap_or(Endpoint::Chat),
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the simulated engine failed",
+                ))
+            }
+        }
+    };
     sim.truth
         .push(truth(&request, &request_id, tenant, &generation));
     // Once the answer was delivered (and a proxy in front had a moment to

@@ -72,7 +72,13 @@ pub fn longest_common_run(a: &str, b: &str) -> usize {
             .filter(|w| !w.is_empty())
             .collect()
     };
-    let (a, b) = (words(a), words(b));
+    // The first few thousand words of each bound the work whatever the
+    // prompt's size; a quote from further into a longer message is not
+    // counted (the scorecard then asks less of residue, never more).
+    const MAX_WORDS: usize = 4096;
+    let (mut a, mut b) = (words(a), words(b));
+    a.truncate(MAX_WORDS);
+    b.truncate(MAX_WORDS);
     // Dynamic programming over suffix matches, one row at a time.
     let mut best = 0;
     let mut prev = vec![0usize; b.len() + 1];

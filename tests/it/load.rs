@@ -78,7 +78,10 @@ async fn load_sends_each_tenants_requests_and_reads_every_body() {
     assert_eq!(report.latencies_ms.len(), 30);
     // Every body was read: the upstream saw each one taken to the end, and
     // the generator counted every byte sent.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while upstream.completed.load(Ordering::SeqCst) < 30 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(upstream.completed.load(Ordering::SeqCst), 30);
     assert!(!upstream.cancelled.load(Ordering::SeqCst));
     assert_eq!(report.bytes, expected_bytes.load(Ordering::SeqCst));

@@ -180,6 +180,9 @@ async fn placeholder_leak_end_to_end() {
     .await;
     let a_prompt = words("t0", 60);
     let a = ask(&sim, "/v1/chat/completions", "t0", "a-1", &a_prompt, false).await;
+    // A's pages become stale once its answer was delivered (plus a grace
+    // for the proxy in front to read it).
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     for (i, p) in PATHS.iter().enumerate() {
         for stream in [false, true] {
             let id = format!("b-{i}-{stream}");
