@@ -64,12 +64,21 @@ pub struct Metrics {
     pub rules_reloads: IntCounterVec,
     /// PII and secret rules in force.
     pub rules_loaded: IntGauge,
+    /// Embedding requests, by outcome (`ok`, `error`, `shed`, `stopped`,
+    /// `cancelled`).
+    pub embed_requests: IntCounterVec,
+    /// Texts per model call of the embedding service.
+    pub embed_batch_size: Histogram,
+    /// The embedding model's device (`cpu`, `cuda:0`); always 1.
+    pub embed_device: IntGaugeVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
+
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 const RATIO_BUCKETS: &[f64] = &[
     0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 5.0,
@@ -128,6 +137,26 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        let embed_batch_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "residue_embed_batch_size",
+                "Texts per model call of the embedding service.",
+            )
+            .buckets(BATCH_BUCKETS.to_vec()),
+        )
+        .expect("valid metric. This is a bug.");
+        r.register(Box::new(embed_batch_size.clone()))
+            .expect("unique metric. This is a bug.");
+        let embed_device = IntGaugeVec::new(
+            Opts::new(
+                "residue_embed_device",
+                "The embedding model's device; always 1.",
+            ),
+            &["device"],
+        )
+        .expect("valid metric. This is a bug.");
+        r.register(Box::new(embed_device.clone()))
+            .expect("unique metric. This is a bug.");
         Metrics {
             requests: counter(r, "residue_requests_total", "Requests by API family and status code.", &["family", "status"]),
             upstream_duration: histogram(r, "residue_upstream_duration_seconds", "From forwarding the request to the end of the upstream's response body.", &["family"], LATENCY_BUCKETS),
@@ -157,6 +186,9 @@ impl Metrics {
             rules_reloads: counter(r, "residue_rules_reloads_total", "Rule reloads, by result; a failed reload keeps the rules in force.", &["result"]),
             rules_loaded: gauge(r, "residue_rules_loaded", "PII and secret rules in force."),
             enforced: counter(r, "residue_enforced_total", "Answers under block or redact, by action and outcome.", &["action", "outcome"]),
+            embed_requests: counter(r, "residue_embed_requests_total", "Embedding requests, by outcome; `shed` ones were refused because the queue was full.", &["outcome"]),
+            embed_batch_size,
+            embed_device,
             registry,
         }
     }

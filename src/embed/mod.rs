@@ -6,8 +6,10 @@
 //! `models/all-MiniLM-L6-v2/`.
 
 mod model;
+mod service;
 
 pub use model::{EmbedError, Embedder, Pooling};
+pub use service::{BatchConfig, EmbedService, Reply, Shed};
 
 #[cfg(test)]
 mod tests;

@@ -48,6 +48,17 @@ pub enum EmbedError {
     Tokenize(String),
     #[error("embedding: running the model failed: {0}")]
     Forward(#[source] candle_core::Error),
+    /// The embedding service's queue was full: the request was shed, not
+    /// queued.
+    #[error("embedding: the queue is full; the request was shed")]
+    Overloaded,
+    /// The embedding service's model thread has ended.
+    #[error("embedding: the embedding service has stopped")]
+    Stopped,
+    /// A batch the request shared with others failed; every request in it
+    /// gets the same error.
+    #[error("embedding: the batch failed: {0}")]
+    Batch(std::sync::Arc<EmbedError>),
 }
 
 /// How the token vectors of one text become the text's vector.
@@ -226,6 +237,15 @@ impl Embedder {
             .sqrt()?
             .clamp(1e-12f32, f32::MAX)?;
         pooled.broadcast_div(&norm)?.to_vec2::<f32>()
+    }
+
+    /// How many tokens `embed` gives `text`: special tokens included,
+    /// truncated to `max_seq_len()`. A text the tokenizer refuses counts as
+    /// `max_seq_len()`.
+    pub fn count_tokens(&self, text: &str) -> usize {
+        self.tokenizer
+            .encode_fast(text, true)
+            .map_or(self.max_seq_len, |e| e.len())
     }
 
     /// Where the model runs: `cpu` or `cuda:N`.

@@ -94,7 +94,7 @@ fn write_pooling(dir: &Path, pooling: Pooling) {
 
 /// A complete tiny sentence-transformers folder with random weights:
 /// hidden 32, 2 layers, 2 heads, intermediate 64.
-fn tiny_model(tag: &str, pooling: Pooling) -> PathBuf {
+pub(crate) fn tiny_model(tag: &str, pooling: Pooling) -> PathBuf {
     let dir = temp_dir(tag);
     write_tokenizer(&dir);
     let config = serde_json::json!({
@@ -126,7 +126,7 @@ fn tiny_model(tag: &str, pooling: Pooling) -> PathBuf {
     dir
 }
 
-fn load(dir: &Path) -> Embedder {
+pub(crate) fn load(dir: &Path) -> Embedder {
     Embedder::load_on(dir, Device::Cpu).expect("load tiny model")
 }
 
@@ -234,6 +234,18 @@ fn long_texts_are_truncated_to_the_positions() {
     let v = embedder.embed(&[&long, "cat"]).expect("embed long");
     assert_eq!(v[0].len(), HIDDEN);
     assert!((dot(&v[0], &v[0]).sqrt() - 1.0).abs() < 1e-5);
+}
+
+/// `count_tokens` is the length `embed` gives a text: special tokens
+/// included, truncated to `max_seq_len()`.
+#[test]
+fn count_tokens_counts_special_tokens_and_truncates() {
+    let embedder = load(&tiny_model("count", Pooling::Mean));
+    assert_eq!(embedder.count_tokens("cat"), 3);
+    assert_eq!(embedder.count_tokens(""), 2);
+    assert_eq!(embedder.count_tokens("a man is eating food"), 7);
+    let long = "the cat sat on a mat . ".repeat(50);
+    assert_eq!(embedder.count_tokens(&long), MAX_POSITIONS);
 }
 
 /// `sentence_bert_config.json`'s `max_seq_length` wins over the positions:
