@@ -22,7 +22,7 @@ use residue::detect::canary::{Canaries, CanaryConfig};
 use residue::detect::cross_tenant::{CrossTenant, Evidence, Settings};
 use residue::fingerprint::{FingerprintParams, Fingerprinter};
 use residue::hash::HashKey;
-use residue::load::corpus::{read_fortunes, read_sharegpt};
+use residue::load::corpus::{read_fortunes, read_sharegpt, tenant_of};
 use residue::metrics::Metrics;
 use residue::protocol::Prompt;
 use residue::rules::RuleSet;
@@ -285,12 +285,6 @@ fn fortunes_fp(
         oracle.add(&t, a);
     }
     tally
-}
-
-/// A conversation's tenant: a stable hash of its base id.
-fn tenant_of(base_id: &str, tenants: usize) -> usize {
-    let h = blake3::hash(base_id.as_bytes());
-    (u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap()) % tenants as u64) as usize
 }
 
 fn tenant(i: usize) -> Tenant {

@@ -307,12 +307,7 @@ fn by_label(v: &prometheus::IntCounterVec) -> BTreeMap<String, u64> {
 }
 
 fn counter_sum(v: &prometheus::IntCounterVec) -> u64 {
-    use prometheus::core::Collector;
-    v.collect()
-        .iter()
-        .flat_map(|mf| mf.get_metric())
-        .map(|m| m.get_counter().get_value() as u64)
-        .sum()
+    by_label(v).values().sum()
 }
 
 /// residue's own added latency, p50 and p99: upper bounds of the

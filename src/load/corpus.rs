@@ -129,6 +129,16 @@ const TAILS: [&str; 24] = [
 ];
 const TLDS: [&str; 5] = ["com", "net", "io", "co.uk", "org"];
 
+/// The tenant, of `tenants`, that a key (a ShareGPT conversation's base id)
+/// belongs to: a stable hash, so every part of one conversation lands with
+/// one tenant, in the generator and in the benchmarks alike.
+pub fn tenant_of(key: &str, tenants: usize) -> usize {
+    let h = blake3::hash(key.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&h.as_bytes()[..8]);
+    (u64::from_le_bytes(first) % tenants.max(1) as u64) as usize
+}
+
 impl Prompts {
     /// Builds every tenant's material. External corpora are read here;
     /// entries are dealt to tenants round-robin (ShareGPT: whole
@@ -157,9 +167,7 @@ impl Prompts {
                 // A conversation's parts (`abc_0`, `abc_11`) are one user's:
                 // one tenant's, by a stable hash of the base id.
                 for c in conversations {
-                    let h = blake3::hash(c.base_id.as_bytes());
-                    let t = u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or([0; 8]));
-                    out[(t % tenants as u64) as usize].pool.extend(c.prompts);
+                    out[tenant_of(&c.base_id, tenants)].pool.extend(c.prompts);
                 }
             }
             Corpus::Fortunes(dir) => {
