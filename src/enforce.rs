@@ -191,12 +191,9 @@ pub fn token_weight(text: &str) -> f64 {
     let mut cjk = 0usize;
     let mut chunk_has_word = false;
     for c in text.chars() {
-        let u = c as u32;
-        let dense = (0x2E80..=0x9FFF).contains(&u)
-            || (0xAC00..=0xD7AF).contains(&u)
-            || (0x0E00..=0x0EFF).contains(&u)
-            || (0xF900..=0xFAFF).contains(&u)
-            || (0x20000..=0x3FFFF).contains(&u);
+        // The detectors' own per-character scripts: CJK punctuation ("。")
+        // is not one of their tokens, so it must not count here either.
+        let dense = crate::fingerprint::is_cjk_class(c);
         if dense {
             cjk += 1;
         }
@@ -1115,6 +1112,8 @@ mod tests {
             ("foo,bar", 1.0),
             ("你好世界", 2.4),
             ("hi你好", 2.2),
+            // Punctuation between CJK characters is no token of theirs.
+            ("你好。世界！", 2.4),
         ] {
             assert!(
                 (token_weight(text) - want).abs() < 1e-9,

@@ -28,6 +28,7 @@ mod winnow;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use tokenize::is_cjk_class;
 pub use tokenize::StreamTokenizer;
 
 use normalize::TokenHasher;
