@@ -87,6 +87,22 @@ pub fn tenant_key(key: &HashKey, id: &str) -> TenantKey {
     u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]])
 }
 
+/// Appends a run (`first, end, class, from_answer`) to runs sorted by start,
+/// joining it with the last one when they overlap or touch in one token
+/// class; a joined run counts as prompt content if any part of it does.
+fn merge_run(
+    merged: &mut Vec<(usize, usize, TokenClass, bool)>,
+    r: (usize, usize, TokenClass, bool),
+) {
+    match merged.last_mut() {
+        Some(last) if r.0 <= last.1 && r.2 == last.2 => {
+            last.1 = last.1.max(r.1);
+            last.3 &= r.3;
+        }
+        _ => merged.push(r),
+    }
+}
+
 /// A run of the answer's tokens that one record of a foreign tenant holds.
 struct Run {
     first: usize,
@@ -443,12 +459,7 @@ impl CrossTenant {
             let mut merged: Vec<(usize, usize, TokenClass, bool)> = Vec::new();
             while i < runs.len() && runs[i].record == record {
                 let r = &runs[i];
-                match merged.last_mut() {
-                    Some(last) if r.first <= last.1 && r.class == last.2 => {
-                        last.1 = last.1.max(r.end);
-                    }
-                    _ => merged.push((r.first, r.end, r.class, r.from_answer)),
-                }
+                merge_run(&mut merged, (r.first, r.end, r.class, r.from_answer));
                 i += 1;
             }
             let from_answer = merged.first().is_some_and(|r| r.3);
@@ -473,13 +484,7 @@ impl CrossTenant {
         evidence.sort_unstable_by_key(|r| (r.0, r.1));
         let mut merged: Vec<(usize, usize, TokenClass, bool)> = Vec::new();
         for r in evidence {
-            match merged.last_mut() {
-                Some(last) if r.0 <= last.1 && r.2 == last.2 => {
-                    last.1 = last.1.max(r.1);
-                    last.3 &= r.3;
-                }
-                _ => merged.push(r),
-            }
+            merge_run(&mut merged, r);
         }
         let covered: usize = merged.iter().map(|r| r.1 - r.0).sum();
         let coverage = covered as f64 / tokens.len().max(1) as f64;
