@@ -5,12 +5,15 @@
 //! `models/fetch` installs the default model (all-MiniLM-L6-v2) into
 //! `models/all-MiniLM-L6-v2/`.
 
+pub mod chunk;
 mod model;
 mod service;
+mod static_table;
 pub mod window;
 
 pub use model::{EmbedError, Embedder, Pooling};
 pub use service::{BatchConfig, EmbedService, Reply, Shed};
+pub use static_table::StaticEmbedder;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -210,7 +210,9 @@ impl Embedder {
             .map_err(EmbedError::Forward)
     }
 
-    fn forward(
+    /// Runs the model on token ids already laid out as `shape`
+    /// (batch, length), pooled and normalised.
+    pub(super) fn forward(
         &self,
         ids: Vec<u32>,
         type_ids: Vec<u32>,
@@ -246,6 +248,17 @@ impl Embedder {
         self.tokenizer
             .encode_fast(text, true)
             .map_or(self.max_seq_len, |e| e.len())
+    }
+
+    /// The tokenizer, with the model's padding and truncation.
+    pub(super) fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The model's tokenizer without padding or truncation, for cutting
+    /// texts into chunks (no special tokens are added by callers).
+    pub fn plain_tokenizer(&self) -> Result<Tokenizer, EmbedError> {
+        super::static_table::plain_tokenizer(&self.tokenizer)
     }
 
     /// Where the model runs: `cpu` or `cuda:N`.

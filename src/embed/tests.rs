@@ -15,7 +15,7 @@ use tokenizers::{
     TruncationStrategy,
 };
 
-use super::{EmbedError, Embedder, Pooling};
+use super::{EmbedError, Embedder, Pooling, StaticEmbedder};
 
 /// A fresh directory under the system temp dir (no tempfile crate).
 fn temp_dir(tag: &str) -> PathBuf {
@@ -407,7 +407,7 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 
 /// `models/all-MiniLM-L6-v2`, or `None` after a loud skip (a failure when
 /// `RESIDUE_REQUIRE_ALL=1`).
-fn real_model() -> Option<PathBuf> {
+pub(crate) fn real_model() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2");
     if dir.join("model.safetensors").is_file() {
         return Some(dir);
@@ -472,4 +472,79 @@ fn minilm_throughput() {
         let ms = start.elapsed().as_secs_f64() * 1000.0 / rounds as f64;
         println!("{batch:5}  {ms:8.1}  {:7.2}", ms / batch as f64);
     }
+}
+
+// === the static table ===
+
+#[test]
+fn a_distilled_table_embeds_texts_to_unit_vectors() {
+    let dir = tiny_model("static", Pooling::Mean);
+    let embedder = load(&dir);
+    let table = StaticEmbedder::distill(&embedder).expect("distill");
+    assert_eq!(table.dimension(), embedder.dimension());
+    let v = table
+        .embed(&["the quick brown fox", "quick fox", ""])
+        .expect("embed");
+    for x in &v[..2] {
+        let norm: f32 = x.iter().map(|a| a * a).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "norm {norm}");
+    }
+    // Nothing to average: the zero vector, similar to nothing.
+    assert!(v[2].iter().all(|&x| x == 0.0));
+    // Word order does not matter to a bag of tokens.
+    let a = table.embed(&["quick fox", "fox quick"]).expect("embed");
+    assert!(max_abs_diff(&a[0], &a[1]) < 1e-5);
+    // Out-of-vocabulary ids are skipped, not a panic.
+    let w = table.embed_ids(&[u32::MAX, 5]);
+    assert_eq!(w.len(), table.dimension());
+}
+
+#[test]
+fn the_static_table_is_cached_and_reused_until_the_model_changes() {
+    let dir = tiny_model("static-cache", Pooling::Mean);
+    let embedder = load(&dir);
+    let first = StaticEmbedder::load_or_distill(&dir, &embedder).expect("distill");
+    let cache = dir.join(super::static_table::CACHE_FILE);
+    assert!(cache.is_file(), "the table is cached next to the model");
+    let modified = std::fs::metadata(&cache).unwrap().modified().unwrap();
+    let again = StaticEmbedder::load_or_distill(&dir, &embedder).expect("load");
+    assert_eq!(
+        std::fs::metadata(&cache).unwrap().modified().unwrap(),
+        modified,
+        "a current cache is read, not rewritten"
+    );
+    let text = ["quick brown fox"];
+    // Stored as f16.
+    let d = max_abs_diff(
+        &first.embed(&text).unwrap()[0],
+        &again.embed(&text).unwrap()[0],
+    );
+    assert!(d < 1e-2, "cached table differs by {d}");
+    // A corrupt cache is redone, not an error.
+    std::fs::write(&cache, b"not safetensors").unwrap();
+    StaticEmbedder::load_or_distill(&dir, &embedder).expect("redistill");
+    assert!(std::fs::read(&cache).unwrap().len() > 100);
+}
+
+#[test]
+fn minilm_static_table_ranks_paraphrases_above_unrelated_texts() {
+    let Some(dir) = real_model() else { return };
+    let embedder = Embedder::load_on(&dir, Device::Cpu).expect("load MiniLM");
+    let started = std::time::Instant::now();
+    let table = StaticEmbedder::load_or_distill(&dir, &embedder).expect("static table");
+    eprintln!("static table ready in {:?}", started.elapsed());
+    let v = table
+        .embed(&[
+            "How do I reset the password of my router?",
+            "What are the steps to change my router's password?",
+            "The stock market fell sharply today.",
+        ])
+        .expect("embed");
+    let paraphrase = dot(&v[0], &v[1]);
+    let unrelated = dot(&v[0], &v[2]);
+    eprintln!("static cosine: paraphrase {paraphrase:.4}, unrelated {unrelated:.4}");
+    assert!(
+        paraphrase > unrelated + 0.3,
+        "paraphrase {paraphrase}, unrelated {unrelated}"
+    );
 }
