@@ -41,6 +41,7 @@ pub struct Config {
     pub privacy: PrivacyConfig,
     pub fingerprint: FingerprintConfig,
     pub detect: DetectConfig,
+    pub semantic: SemanticConfig,
     pub action: ActionConfig,
     /// Per-route settings, matched in order; the first match wins.
     #[serde(rename = "route")]
@@ -409,6 +410,94 @@ impl Default for DetectConfig {
     }
 }
 
+/// Which embeddings the semantic detectors use; `auto` is `cascade` on the
+/// CPU and `transformer` on a GPU.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum TierChoice {
+    #[default]
+    Auto,
+    Static,
+    Transformer,
+    Cascade,
+}
+
+/// How the semantic window stores vectors.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrecisionChoice {
+    #[default]
+    I8,
+    F32,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct SemanticConfig {
+    /// The semantic detectors (`semantic_leak`, `relevance`). Off unless
+    /// set: they need the model folder (`models/fetch`).
+    pub enabled: bool,
+    /// A sentence-transformers folder (BERT family).
+    pub model: PathBuf,
+    pub tier: TierChoice,
+    /// Thresholds of the window's space; unset, the measured defaults of the
+    /// tier (see the README).
+    pub leak_threshold: Option<f32>,
+    pub margin: Option<f32>,
+    pub relevance_threshold: Option<f32>,
+    /// `cascade`: the transformer's relevance under which a static
+    /// candidate is confirmed.
+    pub confirm_relevance: Option<f32>,
+    /// Tokens per chunk, tokens between chunk starts, chunks per text.
+    pub chunk_tokens: usize,
+    pub chunk_stride: usize,
+    pub max_chunks: usize,
+    /// Shorter answers are not judged.
+    pub min_answer_tokens: usize,
+    /// Chunk vectors the window holds (for `fingerprint.window`).
+    pub window_chunks: usize,
+    pub precision: PrecisionChoice,
+    /// Let semantic findings block or redact non-streamed answers under
+    /// `action`; off, they are reported (monitor) only.
+    pub enforce: bool,
+    /// How long a scan waits for the transformer.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// The embedding service: queued requests (more are shed), requests
+    /// and tokens per model call, and how long a batch waits to fill.
+    pub queue: usize,
+    pub max_batch_requests: usize,
+    pub max_batch_tokens: usize,
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+}
+
+impl Default for SemanticConfig {
+    fn default() -> Self {
+        SemanticConfig {
+            enabled: false,
+            model: PathBuf::from("models/all-MiniLM-L6-v2"),
+            tier: TierChoice::Auto,
+            leak_threshold: None,
+            margin: None,
+            relevance_threshold: None,
+            confirm_relevance: None,
+            chunk_tokens: 96,
+            chunk_stride: 64,
+            max_chunks: 32,
+            min_answer_tokens: 16,
+            window_chunks: 100_000,
+            precision: PrecisionChoice::I8,
+            enforce: false,
+            timeout: Duration::from_secs(2),
+            queue: 1024,
+            max_batch_requests: 32,
+            max_batch_tokens: 8192,
+            max_wait: Duration::from_millis(5),
+        }
+    }
+}
+
 const SECTIONS: &[&str] = &[
     "server",
     "upstream",
@@ -420,6 +509,7 @@ const SECTIONS: &[&str] = &[
     "privacy",
     "fingerprint",
     "detect",
+    "semantic",
     "action",
     "route",
 ];
@@ -465,6 +555,7 @@ impl Config {
         section!("privacy", privacy);
         section!("fingerprint", fingerprint);
         section!("detect", detect);
+        section!("semantic", semantic);
         section!("action", action);
         section!("route", routes);
         errors.extend(config.validate());
@@ -553,6 +644,47 @@ impl Config {
                 "accounting.min-ratio: {} is not in (0, 1]",
                 self.accounting.min_ratio
             ));
+        }
+        let sem = &self.semantic;
+        for (name, v) in [
+            ("semantic.leak-threshold", sem.leak_threshold),
+            ("semantic.margin", sem.margin),
+            ("semantic.relevance-threshold", sem.relevance_threshold),
+            ("semantic.confirm-relevance", sem.confirm_relevance),
+        ] {
+            if let Some(v) = v {
+                if !(-1.0..=1.0).contains(&v) {
+                    errors.push(format!("{name}: {v} is not a cosine similarity in [-1, 1]"));
+                }
+            }
+        }
+        for (name, v) in [
+            ("semantic.chunk-tokens", sem.chunk_tokens),
+            ("semantic.chunk-stride", sem.chunk_stride),
+            ("semantic.max-chunks", sem.max_chunks),
+            ("semantic.window-chunks", sem.window_chunks),
+            ("semantic.queue", sem.queue),
+            ("semantic.max-batch-requests", sem.max_batch_requests),
+            ("semantic.max-batch-tokens", sem.max_batch_tokens),
+        ] {
+            if v == 0 {
+                errors.push(format!("{name}: must be at least 1"));
+            }
+        }
+        if sem.chunk_tokens > 512 {
+            errors.push(format!(
+                "semantic.chunk-tokens: {} is more than a BERT model reads (512)",
+                sem.chunk_tokens
+            ));
+        }
+        if sem.chunk_stride > sem.chunk_tokens {
+            errors.push(format!(
+                "semantic.chunk-stride: {} is more than semantic.chunk-tokens ({}): text between chunks would never be read",
+                sem.chunk_stride, sem.chunk_tokens
+            ));
+        }
+        if sem.timeout.is_zero() {
+            errors.push("semantic.timeout: must be greater than zero".to_string());
         }
         if self.incidents.queue == 0 {
             errors.push("incidents.queue: must be at least 1".to_string());

@@ -106,4 +106,6 @@ pub enum StartError {
     Tokenizer(#[from] crate::tokens::TokenizerError),
     #[error("upstream TLS: {0}")]
     Tls(String),
+    #[error("semantic detectors: {0}")]
+    Semantic(#[from] crate::detect::semantic::SemanticError),
 }

@@ -71,11 +71,28 @@ pub struct Metrics {
     pub embed_batch_size: Histogram,
     /// The embedding model's device (`cpu`, `cuda:0`); always 1.
     pub embed_device: IntGaugeVec,
+    /// Answer-to-own-prompt similarity of each scanned answer, by tier
+    /// (`static`, `transformer`).
+    pub semantic_relevance: HistogramVec,
+    /// Semantic checks not made, by reason (`shed`, `timeout`, `error`,
+    /// `no_prompt_text`).
+    pub semantic_skipped: IntCounterVec,
+    /// Static-tier candidates the transformer was asked to confirm, by
+    /// detector and outcome (`confirmed`, `dismissed`).
+    pub semantic_confirmations: IntCounterVec,
+    /// Chunk vectors held by the semantic window.
+    pub semantic_window_chunks: IntGauge,
+    /// Time the semantic detectors took per answer, by tier.
+    pub semantic_seconds: HistogramVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+const SIMILARITY_BUCKETS: &[f64] = &[
+    -0.1, 0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
 ];
 
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
@@ -189,6 +206,11 @@ impl Metrics {
             embed_requests: counter(r, "residue_embed_requests_total", "Embedding requests, by outcome; `shed` ones were refused because the queue was full.", &["outcome"]),
             embed_batch_size,
             embed_device,
+            semantic_relevance: histogram(r, "residue_semantic_relevance", "Cosine similarity of each scanned answer to its own prompt, by tier.", &["tier"], SIMILARITY_BUCKETS),
+            semantic_skipped: counter(r, "residue_semantic_skipped_total", "Semantic checks not made, by reason.", &["reason"]),
+            semantic_confirmations: counter(r, "residue_semantic_confirmations_total", "Static-tier candidates the transformer re-read, by detector and outcome.", &["detector", "outcome"]),
+            semantic_window_chunks: gauge(r, "residue_semantic_window_chunks", "Chunk vectors held by the semantic window."),
+            semantic_seconds: histogram(r, "residue_semantic_seconds", "Time the semantic detectors took per answer, by tier.", &["tier"], LATENCY_BUCKETS),
             registry,
         }
     }

@@ -172,6 +172,12 @@ pub struct Scanners {
     pub max_response_bytes: usize,
     /// Records prompts (`Job::Prompt`); also among `detectors`.
     pub cross_tenant: Option<Arc<crate::detect::cross_tenant::CrossTenant>>,
+    /// The semantic detectors: record prompts, and run after the others so
+    /// that their findings are fused with the exact ones.
+    pub semantic: Option<Arc<crate::detect::semantic::Semantic>>,
+    /// Whether semantic findings may block or redact; if not, the enforcing
+    /// path reports them as monitored.
+    pub semantic_enforce: bool,
 }
 
 /// Starts `workers` scanner threads. They exit once every [`Observer`] clone
@@ -184,7 +190,7 @@ pub fn start(
     scanners: Arc<Scanners>,
 ) -> (Observer, Vec<JoinHandle<()>>) {
     let (tx, rx) = mpsc::channel::<(Job, usize)>(queue);
-    let record_prompts = scanners.cross_tenant.is_some();
+    let record_prompts = scanners.cross_tenant.is_some() || scanners.semantic.is_some();
     let budget = Arc::new(ByteBudget {
         held: AtomicUsize::new(0),
         max: max_bytes,
@@ -218,6 +224,9 @@ pub fn start(
                             Job::Prompt { tenant, prompt } => {
                                 if let Some(cross) = &scanners.cross_tenant {
                                     cross.record_prompt(tenant, prompt);
+                                }
+                                if let Some(semantic) = &scanners.semantic {
+                                    semantic.record_prompt(tenant, prompt);
                                 }
                             }
                         }));
@@ -312,22 +321,35 @@ fn encoding_problem(e: &crate::encoding::EncodingError) -> &'static str {
 impl Scanners {
     /// Scans one exchange: decode, count, run every detector, emit incidents.
     pub fn scan(&self, exchange: &Exchange) {
-        // Each detector's findings are reported as soon as it returns them.
-        self.run_detectors(exchange, |finding| {
+        let (_, findings) = self.run_detectors(exchange);
+        for finding in findings {
             self.incidents.report(exchange, finding, "monitor");
-        });
+        }
     }
 
-    /// Decodes an exchange and runs every detector over it; reports nothing.
-    /// Blocking and redacting call this on the request path (off the async
-    /// workers) and decide before anything is sent.
+    /// Decodes an exchange and runs every detector over it. Blocking and
+    /// redacting call this on the request path (off the async workers) and
+    /// decide before anything is sent; it returns the findings that decide,
+    /// and reports the ones that may not (semantic findings unless
+    /// `semantic.enforce`) as monitored.
     pub fn findings(&self, exchange: &Exchange) -> (Output, Vec<Finding>) {
-        let mut findings = Vec::new();
-        let output = self.run_detectors(exchange, |f| findings.push(f));
+        let (output, mut findings) = self.run_detectors(exchange);
+        if !self.semantic_enforce {
+            findings.retain(|f| {
+                let semantic = matches!(
+                    f.detector,
+                    crate::detect::semantic::LEAK | crate::detect::semantic::RELEVANCE
+                );
+                if semantic {
+                    self.incidents.report(exchange, f.clone(), "monitor");
+                }
+                !semantic
+            });
+        }
         (output, findings)
     }
 
-    fn run_detectors(&self, exchange: &Exchange, mut each: impl FnMut(Finding)) -> Output {
+    fn run_detectors(&self, exchange: &Exchange) -> (Output, Vec<Finding>) {
         let family = exchange.endpoint.family().as_str();
         let (output, problem) = decode_output(exchange, self.max_response_bytes);
         if let Some(reason) = problem {
@@ -361,12 +383,15 @@ impl Scanners {
             prompt_tokens,
             counter: exchange.counter.name(),
         };
+        let mut findings: Vec<Finding> = Vec::new();
         for detector in &self.detectors {
-            for finding in detector.inspect(&input) {
-                each(finding);
-            }
+            findings.extend(detector.inspect(&input));
+        }
+        if let Some(semantic) = &self.semantic {
+            findings.extend(semantic.inspect(&input));
+            crate::detect::semantic::fuse(&mut findings);
         }
         self.metrics.scanned.with_label_values(&[family]).inc();
-        output
+        (output, findings)
     }
 }

@@ -147,12 +147,33 @@ impl Residue {
             detectors.push(Box::new(cross.clone()));
         }
         detectors.extend(extra);
+        let semantic = if config.semantic.enabled {
+            let names = crate::detect::TenantNames::new(key.clone(), config.incidents.raw_tenant);
+            let (sem, ttl, runtime, m) = (
+                config.semantic.clone(),
+                config.fingerprint.window,
+                tokio::runtime::Handle::current(),
+                metrics.clone(),
+            );
+            // Loading the model (and, the first time, distilling its static
+            // table) is blocking work.
+            let built = tokio::task::spawn_blocking(move || {
+                crate::detect::semantic::build(&sem, ttl, names, runtime, &m)
+            })
+            .await
+            .expect("building the semantic detectors panicked. This is a bug.")?;
+            Some(Arc::new(built))
+        } else {
+            None
+        };
         let scanners = Arc::new(Scanners {
             detectors,
             incidents: incidents.clone(),
             metrics: metrics.clone(),
             max_response_bytes: config.observe.max_response_bytes,
             cross_tenant: cross_tenant.clone(),
+            semantic,
+            semantic_enforce: config.semantic.enforce,
         });
         let (observer, mut threads) = observe::start(
             config.observe.queue,

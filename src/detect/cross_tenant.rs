@@ -24,7 +24,7 @@
 //! becomes the recipient's own, and a retried leak is caught again.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use serde::Deserialize;
 use serde_json::json;
@@ -75,8 +75,7 @@ pub struct CrossTenant {
     key: HashKey,
     settings: Settings,
     metrics: Metrics,
-    /// Raw tenant ids by key, only when incidents show raw tenants.
-    names: Mutex<HashMap<TenantKey, Arc<str>>>,
+    names: super::TenantNames,
 }
 
 /// The keyed hash a tenant is known by in the store and in incidents: the
@@ -137,6 +136,7 @@ impl CrossTenant {
         metrics: Metrics,
     ) -> Self {
         CrossTenant {
+            names: super::TenantNames::new(key.clone(), settings.raw_tenant),
             fp,
             rules: RwLock::new(rules),
             canaries,
@@ -145,7 +145,6 @@ impl CrossTenant {
             key,
             settings,
             metrics,
-            names: Mutex::new(HashMap::new()),
         }
     }
 
@@ -163,24 +162,11 @@ impl CrossTenant {
     }
 
     fn key_of(&self, tenant: &Tenant) -> TenantKey {
-        let k = tenant_key(&self.key, &tenant.id);
-        if self.settings.raw_tenant {
-            let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-            if names.len() > 100_000 {
-                names.clear();
-            }
-            names.entry(k).or_insert_with(|| tenant.id.clone());
-        }
-        k
+        self.names.key_of(tenant)
     }
 
     fn show_tenant(&self, k: TenantKey) -> String {
-        if self.settings.raw_tenant {
-            if let Some(name) = self.names.lock().unwrap_or_else(|p| p.into_inner()).get(&k) {
-                return name.to_string();
-            }
-        }
-        format!("{k:016x}")
+        self.names.show(k)
     }
 
     /// What one text is remembered by: winnowed fingerprints (indexed),

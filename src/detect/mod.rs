@@ -4,6 +4,10 @@
 pub mod accounting;
 pub mod canary;
 pub mod cross_tenant;
+pub mod semantic;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
@@ -67,5 +71,53 @@ impl<T: Detector> Detector for std::sync::Arc<T> {
 
     fn inspect(&self, input: &ScanInput<'_>) -> Vec<Finding> {
         (**self).inspect(input)
+    }
+}
+
+/// How detectors know tenants and name them in incidents: by the keyed hash
+/// [`cross_tenant::tenant_key`], whose hex form equals the incident's
+/// `tenant` field; by raw id only when incidents show raw tenants.
+pub struct TenantNames {
+    key: crate::hash::HashKey,
+    raw: bool,
+    names: Mutex<HashMap<crate::store::TenantKey, Arc<str>>>,
+}
+
+impl TenantNames {
+    pub fn new(key: crate::hash::HashKey, raw: bool) -> TenantNames {
+        TenantNames {
+            key,
+            raw,
+            names: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The tenant's key, remembering its id when incidents show raw ids.
+    pub fn key_of(&self, tenant: &crate::tenant::Tenant) -> crate::store::TenantKey {
+        let k = cross_tenant::tenant_key(&self.key, &tenant.id);
+        if self.raw {
+            let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+            if names.len() > 100_000 {
+                names.clear();
+            }
+            names.entry(k).or_insert_with(|| tenant.id.clone());
+        }
+        k
+    }
+
+    /// The key of a tenant id (a canary's owner, say).
+    pub fn key_of_id(&self, id: &str) -> crate::store::TenantKey {
+        cross_tenant::tenant_key(&self.key, id)
+    }
+
+    /// How an incident names the tenant: its raw id when configured and
+    /// known, else the key in hex.
+    pub fn show(&self, k: crate::store::TenantKey) -> String {
+        if self.raw {
+            if let Some(name) = self.names.lock().unwrap_or_else(|p| p.into_inner()).get(&k) {
+                return name.to_string();
+            }
+        }
+        format!("{k:016x}")
     }
 }

@@ -11,6 +11,7 @@ mod limits;
 mod load;
 mod proxy;
 mod sdk;
+mod semantic;
 mod sim;
 mod support;
 mod tenant;
