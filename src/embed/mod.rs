@@ -7,6 +7,7 @@
 
 mod model;
 mod service;
+pub mod window;
 
 pub use model::{EmbedError, Embedder, Pooling};
 pub use service::{BatchConfig, EmbedService, Reply, Shed};
