@@ -24,7 +24,7 @@
 //!   a blocked matrix product. For `I8` the queries are quantised too and
 //!   the dot products accumulate in `i32`. The inner loops are plain Rust,
 //!   written so that LLVM vectorises them, and compiled once more for
-//!   AVX2+FMA through [`pulp`]'s runtime dispatch (the default build
+//!   AVX2 (x86-64-v3) through [`pulp`]'s runtime dispatch (the default build
 //!   targets baseline x86-64, SSE2 only).
 //! - **Results.** Per query: the best row of each *foreign* tenant scoring
 //!   at least the threshold, best first, at most `max_hits` of them; how
@@ -444,15 +444,17 @@ impl VectorWindow {
         Ok(results)
     }
 
-    /// Rows, bytes and evictions, after dropping rows older than `ttl`.
+    /// Rows, bytes and evictions. Rows older than `ttl` count as evicted
+    /// already (the next insert drops them). Takes the read lock only, so a
+    /// metrics scrape does not wait for searches.
     pub fn stats(&self) -> WindowStats {
         self.stats_at(Instant::now())
     }
 
     /// [`stats`](Self::stats) at a given time.
     pub fn stats_at(&self, now: Instant) -> WindowStats {
-        let mut state = self.write();
-        self.expire(&mut state, self.nanos(now));
+        let state = self.read();
+        let expired = self.expired(&state, self.nanos(now));
         let rows = match &state.rows {
             Rows::F32(v) => v.capacity() * 4,
             Rows::I8 { values, scales } => values.capacity() + scales.capacity() * 4,
@@ -463,9 +465,9 @@ impl VectorWindow {
             + state.kinds.capacity() * std::mem::size_of::<ContentKind>()
             + state.at.capacity() * 8;
         WindowStats {
-            entries: state.len as u64,
+            entries: (state.len - expired) as u64,
             bytes: bytes as u64,
-            evictions: state.evictions,
+            evictions: state.evictions + expired as u64,
         }
     }
 
