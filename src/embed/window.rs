@@ -24,7 +24,7 @@
 //!   a blocked matrix product. For `I8` the queries are quantised too and
 //!   the dot products accumulate in `i32`. The inner loops are plain Rust,
 //!   written so that LLVM vectorises them, and compiled once more for
-//!   AVX2+FMA through [`pulp`]'s runtime dispatch (the default build
+//!   AVX2 (x86-64-v3) through [`pulp`]'s runtime dispatch (the default build
 //!   targets baseline x86-64, SSE2 only).
 //! - **Results.** Per query: the best row of each *foreign* tenant scoring
 //!   at least the threshold, best first, at most `max_hits` of them; how
@@ -63,7 +63,7 @@ pub enum Precision {
 }
 
 /// The largest dimension accepted: it keeps every `i32` lane of the `I8`
-/// dot product (at most `dim / 16` products of at most 127²) from
+/// dot product (at most `dim / 32` products of at most 127²) from
 /// overflowing, with a wide margin.
 pub const MAX_DIM: usize = 1 << 16;
 
@@ -126,10 +126,13 @@ pub enum WindowError {
     BadThreshold(f32),
 }
 
-/// Values per accumulator in the dot products: 16 lanes are two AVX2
-/// registers (or four SSE2 ones) of `i32` or `f32`. Rows are padded with
-/// zeros to a multiple of it, so the loops have no remainder.
-const LANES: usize = 16;
+/// Values per pass of the dot products' inner loops, as many independent
+/// sums. Rows are padded with zeros to a multiple of it, so the loops have
+/// no remainder. Measured on AVX2 (`benches/window.rs`, and by hand): 16
+/// for `f32` (more lanes made LLVM keep them in memory), 32 for `i8` (1.8×
+/// faster than 16; 64 made LLVM fall back to `pmulld`).
+const F32_LANES: usize = 16;
+const I8_LANES: usize = 32;
 
 /// Bytes of rows scored as one block: they stay in L2 while every query
 /// tile passes over them.
@@ -141,7 +144,7 @@ const TILE_BYTES: usize = 16 << 10;
 /// An exact, thread-safe window of recent unit vectors by tenant.
 pub struct VectorWindow {
     dim: usize,
-    /// `dim` rounded up to a multiple of `LANES`.
+    /// `dim` rounded up to a multiple of the precision's lanes.
     stride: usize,
     capacity: usize,
     ttl: Duration,
@@ -198,6 +201,10 @@ impl VectorWindow {
         if capacity == 0 {
             return Err(WindowError::ZeroCapacity);
         }
+        let lanes = match precision {
+            Precision::F32 => F32_LANES,
+            Precision::I8 => I8_LANES,
+        };
         let rows = match precision {
             Precision::F32 => Rows::F32(Vec::new()),
             Precision::I8 => Rows::I8 {
@@ -207,7 +214,7 @@ impl VectorWindow {
         };
         Ok(VectorWindow {
             dim,
-            stride: dim.div_ceil(LANES) * LANES,
+            stride: dim.div_ceil(lanes) * lanes,
             capacity,
             ttl,
             precision,
@@ -437,15 +444,17 @@ impl VectorWindow {
         Ok(results)
     }
 
-    /// Rows, bytes and evictions, after dropping rows older than `ttl`.
+    /// Rows, bytes and evictions. Rows older than `ttl` count as evicted
+    /// already (the next insert drops them). Takes the read lock only, so a
+    /// metrics scrape does not wait for searches.
     pub fn stats(&self) -> WindowStats {
         self.stats_at(Instant::now())
     }
 
     /// [`stats`](Self::stats) at a given time.
     pub fn stats_at(&self, now: Instant) -> WindowStats {
-        let mut state = self.write();
-        self.expire(&mut state, self.nanos(now));
+        let state = self.read();
+        let expired = self.expired(&state, self.nanos(now));
         let rows = match &state.rows {
             Rows::F32(v) => v.capacity() * 4,
             Rows::I8 { values, scales } => values.capacity() + scales.capacity() * 4,
@@ -456,9 +465,9 @@ impl VectorWindow {
             + state.kinds.capacity() * std::mem::size_of::<ContentKind>()
             + state.at.capacity() * 8;
         WindowStats {
-            entries: state.len as u64,
+            entries: (state.len - expired) as u64,
             bytes: bytes as u64,
-            evictions: state.evictions,
+            evictions: state.evictions + expired as u64,
         }
     }
 
@@ -732,14 +741,14 @@ impl WithSimd for BlockI8<'_> {
     }
 }
 
-/// `LANES` independent sums, added up at the end: the order of the `f32`
-/// additions is written out, so LLVM may keep each lane in a vector
-/// register (it would not reorder one running sum).
+/// `F32_LANES` independent sums, added up at the end: the order of the
+/// `f32` additions is written out, so LLVM may keep the lanes in vector
+/// registers (it would not reorder one running sum). Two AVX2 registers.
 #[inline(always)]
 fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    for (x, y) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
-        for l in 0..LANES {
+    let mut acc = [0f32; F32_LANES];
+    for (x, y) in a.chunks_exact(F32_LANES).zip(b.chunks_exact(F32_LANES)) {
+        for l in 0..F32_LANES {
             acc[l] += x[l] * y[l];
         }
     }
@@ -747,12 +756,12 @@ fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The same in `i32`: products of two `i8` fit `i16`, so LLVM pairs them
-/// with `pmaddwd`.
+/// with `pmaddwd`; 32 lanes make two independent chains of them.
 #[inline(always)]
 fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
-    let mut acc = [0i32; LANES];
-    for (x, y) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
-        for l in 0..LANES {
+    let mut acc = [0i32; I8_LANES];
+    for (x, y) in a.chunks_exact(I8_LANES).zip(b.chunks_exact(I8_LANES)) {
+        for l in 0..I8_LANES {
             acc[l] += i32::from(x[l]) * i32::from(y[l]);
         }
     }

@@ -272,7 +272,9 @@ fn rows_older_than_the_ttl_drop_out() {
         assert_eq!(found(t0 + Duration::from_secs(60)), vec![true, true]);
         assert_eq!(found(t0 + Duration::from_secs(61)), vec![false, true]);
         assert_eq!(found(t0 + Duration::from_secs(91)), vec![false, false]);
-        // Searching never changes the window; stats drop what has expired.
+        // A search drops nothing: asked earlier again, both rows are there.
+        assert_eq!(found(t0 + Duration::from_secs(60)), vec![true, true]);
+        // Stats count expired rows as evicted before an insert drops them.
         assert_eq!(w.stats_at(t0 + Duration::from_secs(61)).entries, 1);
         let st = w.stats_at(t0 + Duration::from_secs(91));
         assert_eq!((st.entries, st.evictions), (0, 2));
@@ -290,6 +292,9 @@ fn rows_older_than_the_ttl_drop_out() {
             .search_at(t0 + Duration::from_secs(200), &[later], 99, 0.9, 10)
             .expect("search");
         assert_eq!(r[0].hits[0].tenant, 3);
+        assert_eq!(r[0].hits.len(), 1);
+        let st = w.stats_at(t0 + Duration::from_secs(200));
+        assert_eq!((st.entries, st.evictions), (1, 2));
     }
 }
 
