@@ -142,6 +142,7 @@ fn main() {
             leak_threshold: env_f("LEAK"),
             margin: env_f("MARGIN"),
             relevance_threshold: env_f("RELEVANCE"),
+            confirm_leak: env_f("CONFIRM_LEAK"),
             confirm_relevance: env_f("CONFIRM"),
             timeout: Duration::from_secs(60),
             ..SemanticConfig::default()

@@ -445,8 +445,9 @@ pub struct SemanticConfig {
     pub leak_threshold: Option<f32>,
     pub margin: Option<f32>,
     pub relevance_threshold: Option<f32>,
-    /// `cascade`: the transformer's relevance under which a static
-    /// candidate is confirmed.
+    /// `cascade`: the transformer's relevance under which a static leak
+    /// candidate, and an irrelevance candidate, are confirmed.
+    pub confirm_leak: Option<f32>,
     pub confirm_relevance: Option<f32>,
     /// Tokens per chunk, tokens between chunk starts, chunks per text.
     pub chunk_tokens: usize,
@@ -481,6 +482,7 @@ impl Default for SemanticConfig {
             leak_threshold: None,
             margin: None,
             relevance_threshold: None,
+            confirm_leak: None,
             confirm_relevance: None,
             chunk_tokens: 96,
             chunk_stride: 64,
@@ -650,6 +652,7 @@ impl Config {
             ("semantic.leak-threshold", sem.leak_threshold),
             ("semantic.margin", sem.margin),
             ("semantic.relevance-threshold", sem.relevance_threshold),
+            ("semantic.confirm-leak", sem.confirm_leak),
             ("semantic.confirm-relevance", sem.confirm_relevance),
         ] {
             if let Some(v) = v {

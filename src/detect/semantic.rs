@@ -95,8 +95,11 @@ pub struct Settings {
     /// The thresholds of the space the window holds (static for `static`
     /// and `cascade`).
     pub search: Thresholds,
-    /// The transformer's relevance bar when it confirms a cascade candidate:
-    /// below it, the answer is unrelated to its prompt.
+    /// The transformer's relevance bars when it confirms a cascade
+    /// candidate: under `confirm_leak` a leak candidate stands (the answer
+    /// is not about its own prompt), under `confirm_relevance` an
+    /// irrelevance candidate does.
+    pub confirm_leak: f32,
     pub confirm_relevance: f32,
     pub chunks: ChunkParams,
     /// Answers of fewer tokens are not judged ("Yes.", "Done.").
@@ -191,6 +194,9 @@ fn best_against(a: &[f32], prompt: &[Vec<f32>]) -> f32 {
     prompt.iter().map(|p| dot(a, p)).fold(-1.0, f32::max)
 }
 
+/// Foreign tenants within this much of the best one are "as close".
+const COMMON_BAND: f32 = 0.05;
+
 /// The decision, from vectors and window hits: candidate sources and the
 /// answer's relevance. Pure, so it can be tested with made-up vectors.
 fn decide(
@@ -206,11 +212,18 @@ fn decide(
         .fold(-1.0, f32::max);
     let mut sources: Vec<Source> = Vec::new();
     for (i, (a, h)) in answer.iter().zip(hits).enumerate() {
-        if common_tenants > 0 && h.foreign_tenants_above >= common_tenants {
-            continue;
-        }
         let own = best_against(a, prompt).max(h.own_best);
         let Some(best) = h.hits.first() else { continue };
+        // Not distinctive: `common_tenants` foreign tenants asked about
+        // this nearly as closely as the best one — a topic, not a source.
+        let close = h
+            .hits
+            .iter()
+            .filter(|x| x.score >= best.score - COMMON_BAND)
+            .count();
+        if common_tenants > 0 && close >= common_tenants as usize {
+            continue;
+        }
         if best.score < t.leak || best.score - own < t.margin {
             continue;
         }
@@ -236,23 +249,38 @@ fn decide(
 
 /// The measured defaults of one space (see the README's semantic section
 /// and `cargo bench --bench semantic`).
-pub fn default_thresholds(space: Tier) -> Thresholds {
-    match space {
+pub fn default_thresholds(tier: Tier) -> Thresholds {
+    match tier {
+        // On ShareGPT, clean answers' best foreign-minus-own margin has p99
+        // 0.37; leaked answers' p5 is 0.30. Relevance: clean p1 0.105,
+        // leaked p50 0.100.
         Tier::Transformer => Thresholds {
             leak: 0.45,
-            margin: 0.15,
-            relevance: 0.12,
+            margin: 0.3,
+            relevance: 0.1,
         },
-        Tier::Static | Tier::Cascade => Thresholds {
-            leak: 0.5,
-            margin: 0.15,
-            relevance: 0.15,
+        // The static space has a high floor (unrelated texts score 0.4-0.5):
+        // standalone it needs high bars and still separates poorly.
+        Tier::Static => Thresholds {
+            leak: 0.6,
+            margin: 0.2,
+            relevance: 0.3,
+        },
+        // A net for candidates, wide on relevance: the transformer decides.
+        Tier::Cascade => Thresholds {
+            leak: 0.6,
+            margin: 0.2,
+            relevance: 0.45,
         },
     }
 }
 
-/// The transformer's bar for confirming a cascade candidate.
-pub const DEFAULT_CONFIRM_RELEVANCE: f32 = 0.2;
+/// The transformer's bar for confirming a cascade irrelevance candidate.
+pub const DEFAULT_CONFIRM_RELEVANCE: f32 = 0.1;
+/// ... and of a leak candidate, looser: the static tier already found the
+/// source (leaked answers' transformer relevance p95 is 0.26 on ShareGPT;
+/// clean answers' p5 is 0.22).
+pub const DEFAULT_CONFIRM_LEAK: f32 = 0.25;
 
 /// Builds the detectors from their config: loads the model, picks the tier
 /// (`auto`: `cascade` on the CPU, `transformer` on a GPU), distills or
@@ -304,6 +332,7 @@ pub fn build(
             margin: config.margin.unwrap_or(d.margin),
             relevance: config.relevance_threshold.unwrap_or(d.relevance),
         },
+        confirm_leak: config.confirm_leak.unwrap_or(DEFAULT_CONFIRM_LEAK),
         confirm_relevance: config
             .confirm_relevance
             .unwrap_or(DEFAULT_CONFIRM_RELEVANCE),
@@ -512,7 +541,12 @@ impl Semantic {
         let requester = self.names.key_of(tenant);
         let hits = self
             .window
-            .search(&answer_vecs, requester, self.settings.search.leak, 4)
+            .search(
+                &answer_vecs,
+                requester,
+                self.settings.search.leak,
+                self.settings.common_tenants.max(1) as usize + 1,
+            )
             .map_err(|e| SemanticError::Window(e.to_string()))?;
         let (mut sources, relevance) = decide(
             &answer_vecs,
@@ -554,8 +588,12 @@ impl Semantic {
                 &sources,
             ) {
                 Ok(r) => {
-                    let keep = r < self.settings.confirm_relevance;
-                    for (detector, had) in [(LEAK, !sources.is_empty()), (RELEVANCE, irrelevant)] {
+                    let keep_leak = r < self.settings.confirm_leak;
+                    let keep_relevance = r < self.settings.confirm_relevance;
+                    for (detector, had, keep) in [
+                        (LEAK, !sources.is_empty(), keep_leak),
+                        (RELEVANCE, irrelevant, keep_relevance),
+                    ] {
                         if had {
                             self.metrics
                                 .semantic_confirmations
@@ -566,8 +604,10 @@ impl Semantic {
                                 .inc();
                         }
                     }
-                    if !keep {
+                    if !keep_leak {
                         sources.clear();
+                    }
+                    if !keep_relevance {
                         irrelevant = false;
                     }
                     confirmed = Some(r);

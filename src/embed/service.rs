@@ -355,12 +355,14 @@ impl Worker {
     }
 
     fn answer(&self, job: Job, reply: Reply) {
-        let outcome = if reply.is_ok() { "ok" } else { "error" };
-        if job.reply.send(reply).is_ok() {
-            self.count(outcome);
-        } else {
+        // Counted before sending, so that a caller who has its answer also
+        // sees it counted; a caller gone by now is counted as cancelled.
+        if job.reply.is_closed() {
             self.count("cancelled");
+            return;
         }
+        self.count(if reply.is_ok() { "ok" } else { "error" });
+        let _ = job.reply.send(reply);
     }
 }
 

@@ -80,9 +80,23 @@ fn the_margin_and_common_topics_keep_shared_subjects_quiet() {
     let answer = vec![unit(&[1.0, 0.0, 0.0])];
     let (sources, _) = decide(&answer, &far, &[hits(Some((7, 0.9)), 0.85, 1)], T, 3);
     assert!(sources.is_empty(), "{sources:?}");
-    // Three foreign tenants asked about it: a topic, not a leak.
-    let (sources, _) = decide(&answer, &far, &[hits(Some((7, 0.9)), -1.0, 3)], T, 3);
+    // Three foreign tenants asked about it about as closely: a topic, not
+    // a leak; the same three far apart point at the closest one.
+    let mut topic = hits(Some((7, 0.9)), -1.0, 3);
+    for (tenant, score) in [(8, 0.88), (9, 0.86)] {
+        topic.hits.push(Hit {
+            tenant,
+            record: 2,
+            kind: ContentKind::Prompt,
+            score,
+        });
+    }
+    let (sources, _) = decide(&answer, &far, &[topic.clone()], T, 3);
     assert!(sources.is_empty(), "{sources:?}");
+    topic.hits[1].score = 0.7;
+    topic.hits[2].score = 0.6;
+    let (sources, _) = decide(&answer, &far, &[topic], T, 3);
+    assert_eq!(sources.len(), 1, "{sources:?}");
     // Under the threshold: nothing.
     let (sources, _) = decide(&answer, &far, &[hits(Some((7, 0.45)), -1.0, 1)], T, 3);
     assert!(sources.is_empty(), "{sources:?}");
@@ -244,7 +258,8 @@ fn a_tier_without_what_it_needs_is_refused() {
     let settings = Settings {
         tier: Tier::Cascade,
         search: T,
-        confirm_relevance: 0.2,
+        confirm_leak: 0.25,
+        confirm_relevance: 0.1,
         chunks: ChunkParams::default(),
         min_answer_tokens: 4,
         common_tenants: 3,
@@ -305,11 +320,10 @@ fn real(tier: TierChoice, rt: &tokio::runtime::Runtime) -> Option<(Semantic, Met
     Some(build_with(&dir, tier, rt))
 }
 
-const TIERS: [TierChoice; 3] = [
-    TierChoice::Static,
-    TierChoice::Cascade,
-    TierChoice::Transformer,
-];
+/// The tiers residue runs by default: `cascade` on the CPU, `transformer`
+/// on a GPU. The static tier alone is a candidate net (see
+/// `the_static_tier_points_at_the_source_of_a_paraphrased_leak`).
+const TIERS: [TierChoice; 2] = [TierChoice::Cascade, TierChoice::Transformer];
 
 fn detectors(findings: &[Finding]) -> Vec<&'static str> {
     findings.iter().map(|f| f.detector).collect()
@@ -428,4 +442,21 @@ fn an_answer_unrelated_to_its_prompt_is_a_relevance_incident() {
                 }]);
         assert_eq!(h.get_sample_count(), 2, "{tier:?}");
     }
+}
+
+#[test]
+fn the_static_tier_points_at_the_source_of_a_paraphrased_leak() {
+    let rt = runtime();
+    let Some((sem, _)) = real(TierChoice::Static, &rt) else {
+        return;
+    };
+    sem.record_prompt(&tenant("a"), &prompt(A_PROMPT));
+    sem.record_prompt(&tenant("b"), &prompt(B_PROMPT));
+    let (f, scores) = sem
+        .check_scored(&tenant("b"), &prompt(B_PROMPT), B_LEAKED_ANSWER)
+        .expect("check");
+    let (source, foreign, own) = scores.best_foreign.expect("a foreign candidate");
+    eprintln!("static: foreign {foreign:.3}, own {own:.3}, findings {f:?}");
+    assert_eq!(source, sem.names.key_of(&tenant("a")));
+    assert!(foreign - own > 0.2, "foreign {foreign}, own {own}");
 }
