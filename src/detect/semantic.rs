@@ -124,6 +124,10 @@ pub struct Semantic {
     settings: Settings,
     embeddings: Embeddings,
     window: VectorWindow,
+    /// `cascade`: the transformer's vectors of prompt chunks, filled off
+    /// the scanners as the model has room (a prompt it sheds is only in the
+    /// static window), so that a candidate is decided in the model's space.
+    deep: Option<Arc<VectorWindow>>,
     names: TenantNames,
     runtime: tokio::runtime::Handle,
     metrics: Metrics,
@@ -193,6 +197,9 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 fn best_against(a: &[f32], prompt: &[Vec<f32>]) -> f32 {
     prompt.iter().map(|p| dot(a, p)).fold(-1.0, f32::max)
 }
+
+/// The prompt chunks (its last ones) the cascade embeds with the model.
+const DEEP_PROMPT_CHUNKS: usize = 4;
 
 /// Foreign tenants within this much of the best one are "as close".
 const COMMON_BAND: f32 = 0.05;
@@ -394,10 +401,23 @@ impl Semantic {
                 what: "the embedding model",
             });
         }
+        let deep = match settings.tier {
+            Tier::Cascade => Some(Arc::new(
+                VectorWindow::new(
+                    window.dim(),
+                    window.capacity(),
+                    window.ttl(),
+                    window.precision(),
+                )
+                .map_err(|e| SemanticError::Window(e.to_string()))?,
+            )),
+            _ => None,
+        };
         Ok(Semantic {
             settings,
             embeddings,
             window,
+            deep,
             names,
             runtime,
             metrics,
@@ -475,19 +495,43 @@ impl Semantic {
             return Ok(());
         }
         let vectors = self.search_space(&text, &chunks)?;
-        let (_, vectors) = meaningful(chunks, vectors);
+        let (chunks, vectors) = meaningful(chunks, vectors);
         if vectors.is_empty() {
             return Ok(());
         }
         let record = self.next_record.fetch_add(1, Ordering::Relaxed);
+        let key = self.names.key_of(tenant);
         self.window
-            .insert(
-                self.names.key_of(tenant),
-                record,
-                ContentKind::Prompt,
-                &vectors,
-            )
+            .insert(key, record, ContentKind::Prompt, &vectors)
             .map_err(|e| SemanticError::Window(e.to_string()))?;
+        if let (Some(deep), Some(service)) = (&self.deep, &self.embeddings.service) {
+            let texts: Vec<String> = chunks
+                .iter()
+                .rev()
+                .take(DEEP_PROMPT_CHUNKS)
+                .map(|c| text.get(c.start..c.end).unwrap_or_default().to_string())
+                .collect();
+            match service.try_submit(texts) {
+                Ok(rx) => {
+                    let (deep, metrics, timeout) =
+                        (deep.clone(), self.metrics.clone(), self.settings.timeout);
+                    self.runtime.spawn(async move {
+                        let reason = match tokio::time::timeout(timeout, rx).await {
+                            Ok(Ok(Ok(v))) => {
+                                match deep.insert(key, record, ContentKind::Prompt, &v) {
+                                    Ok(()) => return,
+                                    Err(_) => "error",
+                                }
+                            }
+                            Ok(Ok(Err(_))) | Ok(Err(_)) => "error",
+                            Err(_) => "timeout",
+                        };
+                        metrics.semantic_skipped.with_label_values(&[reason]).inc();
+                    });
+                }
+                Err(shed) => self.skipped(&SemanticError::Embed(shed.into())),
+            }
+        }
         self.metrics
             .semantic_window_chunks
             .set(self.window.stats().entries as i64);
@@ -579,19 +623,29 @@ impl Semantic {
         let mut irrelevant = relevance < self.settings.search.relevance;
         // The transformer's view, when the cascade asks for it.
         let mut confirmed: Option<f32> = None;
+        // Which window found the sources.
+        let mut source_space = space;
         if self.settings.tier == Tier::Cascade && (irrelevant || !sources.is_empty()) {
             match self.confirm(
+                requester,
                 answer,
                 &answer_chunks,
                 &prompt_text,
                 &prompt_chunks,
                 &sources,
             ) {
-                Ok(r) => {
-                    let keep_leak = r < self.settings.confirm_leak;
+                Ok((r, deep_sources)) => {
+                    // The model's own window decides where it has the
+                    // source; else the static source stands when the model
+                    // too finds the answer off its prompt.
+                    let keep_leak = !deep_sources.is_empty() || r < self.settings.confirm_leak;
                     let keep_relevance = r < self.settings.confirm_relevance;
                     for (detector, had, keep) in [
-                        (LEAK, !sources.is_empty(), keep_leak),
+                        (
+                            LEAK,
+                            !sources.is_empty() || !deep_sources.is_empty(),
+                            keep_leak,
+                        ),
                         (RELEVANCE, irrelevant, keep_relevance),
                     ] {
                         if had {
@@ -604,7 +658,10 @@ impl Semantic {
                                 .inc();
                         }
                     }
-                    if !keep_leak {
+                    if !deep_sources.is_empty() {
+                        sources = deep_sources;
+                        source_space = "transformer";
+                    } else if !keep_leak {
                         sources.clear();
                     }
                     if !keep_relevance {
@@ -636,6 +693,7 @@ impl Semantic {
                     "source_tenant": self.names.show(s.tenant),
                     "source_kind": "prompt",
                     "tier": self.settings.tier.as_str(),
+                    "space": source_space,
                     "similarity": round(s.score),
                     "own_similarity": round(s.own),
                     "margin": round(margin),
@@ -670,17 +728,18 @@ impl Semantic {
         Ok((findings, scores))
     }
 
-    /// The transformer's relevance of the answer to its prompt: the best
-    /// similarity of the flagged answer chunks (or the answer's first ones)
-    /// to the prompt's last chunks.
+    /// The transformer's view of a cascade candidate: the relevance of the
+    /// flagged answer chunks (or the answer's first ones) to the prompt's
+    /// last chunks, and the sources the model's own window points at.
     fn confirm(
         &self,
+        requester: TenantKey,
         answer: &str,
         answer_chunks: &[Chunk],
         prompt: &str,
         prompt_chunks: &[Chunk],
         sources: &[Source],
-    ) -> Result<f32, SemanticError> {
+    ) -> Result<(f32, Vec<Source>), SemanticError> {
         const MOST: usize = 4;
         let mut picked: Vec<usize> = sources
             .iter()
@@ -688,15 +747,34 @@ impl Semantic {
             .collect();
         picked.sort_unstable();
         picked.dedup();
-        if picked.is_empty() {
-            picked = (0..answer_chunks.len()).collect();
-        }
+        let rest: Vec<usize> = (0..answer_chunks.len())
+            .filter(|i| !picked.contains(i))
+            .collect();
+        picked.extend(rest);
         picked.truncate(MOST);
         let a: Vec<Chunk> = picked.iter().map(|&i| answer_chunks[i].clone()).collect();
         let p = &prompt_chunks[prompt_chunks.len().saturating_sub(MOST)..];
         let av = self.transformer(answer, &a)?;
         let pv = self.transformer(prompt, p)?;
-        Ok(av.iter().map(|x| best_against(x, &pv)).fold(-1.0, f32::max))
+        let relevance = av.iter().map(|x| best_against(x, &pv)).fold(-1.0, f32::max);
+        let mut deep_sources = Vec::new();
+        if let Some(deep) = &self.deep {
+            let t = default_thresholds(Tier::Transformer);
+            let hits = deep
+                .search(
+                    &av,
+                    requester,
+                    t.leak,
+                    self.settings.common_tenants.max(1) as usize + 1,
+                )
+                .map_err(|e| SemanticError::Window(e.to_string()))?;
+            let (mut found, _) = decide(&av, &pv, &hits, t, self.settings.common_tenants);
+            for s in &mut found {
+                s.chunks = s.chunks.iter().map(|&i| picked[i]).collect();
+            }
+            deep_sources = found;
+        }
+        Ok((relevance, deep_sources))
     }
 }
 

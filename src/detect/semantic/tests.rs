@@ -375,6 +375,24 @@ fn a_paraphrase_of_another_tenants_prompt_is_a_semantic_leak_from_that_tenant() 
             .unwrap_or_else(|| panic!("{tier:?}: no semantic_leak in {f:#?}"));
         assert_eq!(leak.evidence["source_tenant"], "a", "{tier:?}");
         assert!(!leak.spans.is_empty());
+        if tier == TierChoice::Cascade {
+            // Once the model has embedded A's prompt, the cascade decides in
+            // the model's own window.
+            let deep = sem.deep.as_ref().expect("cascade keeps a model window");
+            for _ in 0..200 {
+                if deep.stats().entries >= 2 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(deep.stats().entries >= 2, "both prompts embedded");
+            let f = sem
+                .check(&tenant("b"), &prompt(B_PROMPT), B_LEAKED_ANSWER)
+                .expect("check");
+            let leak = f.iter().find(|f| f.detector == LEAK).expect("leak");
+            assert_eq!(leak.evidence["space"], "transformer", "{f:#?}");
+            assert_eq!(leak.evidence["source_tenant"], "a");
+        }
         // The answer to B's own question is fine.
         let f = sem
             .check(&tenant("b"), &prompt(B_PROMPT), B_HONEST_ANSWER)
