@@ -238,12 +238,23 @@ impl Proxy {
                             // this prompt from here on. Under block or redact
                             // it is recorded before forwarding, so that no
                             // queue can reorder or drop it.
-                            match (&self.cross_tenant, ctx.action) {
-                                (Some(cross), Action::Block | Action::Redact) => {
-                                    let (cross, tenant, prompt) =
-                                        (cross.clone(), ctx.tenant.clone(), scan.prompt.clone());
+                            let records =
+                                self.cross_tenant.is_some() || self.scanners.semantic.is_some();
+                            match ctx.action {
+                                Action::Block | Action::Redact if records => {
+                                    let (cross, semantic, tenant, prompt) = (
+                                        self.cross_tenant.clone(),
+                                        self.scanners.semantic.clone(),
+                                        ctx.tenant.clone(),
+                                        scan.prompt.clone(),
+                                    );
                                     let _ = tokio::task::spawn_blocking(move || {
-                                        cross.record_prompt(&tenant, &prompt)
+                                        if let Some(cross) = cross {
+                                            cross.record_prompt(&tenant, &prompt);
+                                        }
+                                        if let Some(semantic) = semantic {
+                                            semantic.record_prompt(&tenant, &prompt);
+                                        }
                                     })
                                     .await;
                                 }

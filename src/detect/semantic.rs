@@ -429,6 +429,11 @@ impl Semantic {
         self.settings.tier
     }
 
+    /// `cascade`: chunk vectors the model's window holds.
+    pub fn model_window_chunks(&self) -> Option<u64> {
+        self.deep.as_ref().map(|d| d.stats().entries)
+    }
+
     fn cut(&self, text: &str, keep: Keep) -> Result<Vec<Chunk>, SemanticError> {
         Ok(chunks(
             &self.embeddings.tokenizer,

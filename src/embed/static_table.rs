@@ -162,6 +162,10 @@ impl StaticEmbedder {
     /// The cached table of the model in `dir` when it is current, else a
     /// fresh distillation, cached when the folder can be written.
     pub fn load_or_distill(dir: &Path, embedder: &Embedder) -> Result<StaticEmbedder, EmbedError> {
+        // One distillation at a time in a process: concurrent callers (many
+        // tests, say) wait and then read the first one's cache.
+        static DISTILLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = DISTILLING.lock().unwrap_or_else(|p| p.into_inner());
         let key = model_key(dir)?;
         let path = dir.join(CACHE_FILE);
         match Self::load_cached(&path, &key, embedder) {
