@@ -181,11 +181,13 @@ fn main() {
         let (mut leak_fp, mut rel_fp) = (0usize, 0usize);
         let mut clean_rel = Vec::new();
         let mut clean_margin = Vec::new();
+        let mut reread = 0usize;
         for (t, p, a) in &pairs {
             let (f, s) = sem.check_scored(&tenant(*t), &prompt(p), a).expect("check");
             leak_fp += f.iter().any(|f| f.detector == LEAK) as usize;
             rel_fp += f.iter().any(|f| f.detector == RELEVANCE) as usize;
             clean_rel.extend(s.relevance);
+            reread += s.transformer_relevance.is_some() as usize;
             clean_margin.extend(s.best_foreign.map(|b| b.1 - b.2));
         }
         let (mut caught, mut caught_para, mut rel_caught, mut leaks, mut para) =
@@ -212,6 +214,7 @@ fn main() {
             caught_para += (hit && paraphrased[i]) as usize;
             rel_caught += f.iter().any(|f| f.detector == RELEVANCE) as usize;
             leak_rel.extend(s.relevance);
+            reread += s.transformer_relevance.is_some() as usize;
             leak_margin.extend(s.best_foreign.map(|b| b.1 - b.2));
         }
         let ms = started.elapsed().as_secs_f64() * 1000.0 / (n + leaks) as f64;
@@ -228,6 +231,12 @@ fn main() {
             ms,
             record_ms
         );
+        if sem.tier().as_str() == "cascade" {
+            println!(
+                "    the model re-read {reread} of {} answers (static candidates)",
+                n + leaks
+            );
+        }
         println!(
             "    relevance  clean p1/p5/p50 {:.3}/{:.3}/{:.3}   leaked p50/p95/p99 {:.3}/{:.3}/{:.3}",
             pct(&mut clean_rel, 0.01),
