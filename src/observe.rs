@@ -321,10 +321,9 @@ fn encoding_problem(e: &crate::encoding::EncodingError) -> &'static str {
 impl Scanners {
     /// Scans one exchange: decode, count, run every detector, emit incidents.
     pub fn scan(&self, exchange: &Exchange) {
-        let (_, findings) = self.run_detectors(exchange);
-        for finding in findings {
+        self.run_detectors(exchange, |finding| {
             self.incidents.report(exchange, finding, "monitor");
-        }
+        });
     }
 
     /// Decodes an exchange and runs every detector over it. Blocking and
@@ -333,7 +332,8 @@ impl Scanners {
     /// and reports the ones that may not (semantic findings unless
     /// `semantic.enforce`) as monitored.
     pub fn findings(&self, exchange: &Exchange) -> (Output, Vec<Finding>) {
-        let (output, mut findings) = self.run_detectors(exchange);
+        let mut findings = Vec::new();
+        let output = self.run_detectors(exchange, |f| findings.push(f));
         if !self.semantic_enforce {
             findings.retain(|f| {
                 let semantic = matches!(
@@ -349,7 +349,11 @@ impl Scanners {
         (output, findings)
     }
 
-    fn run_detectors(&self, exchange: &Exchange) -> (Output, Vec<Finding>) {
+    /// Decodes, counts and runs every detector, handing each finding to
+    /// `each`. Without semantic detectors a detector's findings go out as
+    /// soon as it returns them; with them, every finding waits for the
+    /// semantic ones, so that both can be fused.
+    fn run_detectors(&self, exchange: &Exchange, mut each: impl FnMut(Finding)) -> Output {
         let family = exchange.endpoint.family().as_str();
         let (output, problem) = decode_output(exchange, self.max_response_bytes);
         if let Some(reason) = problem {
@@ -383,15 +387,23 @@ impl Scanners {
             prompt_tokens,
             counter: exchange.counter.name(),
         };
-        let mut findings: Vec<Finding> = Vec::new();
-        for detector in &self.detectors {
-            findings.extend(detector.inspect(&input));
-        }
-        if let Some(semantic) = &self.semantic {
-            findings.extend(semantic.inspect(&input));
-            crate::detect::semantic::fuse(&mut findings);
+        match &self.semantic {
+            None => {
+                for detector in &self.detectors {
+                    detector.inspect(&input).into_iter().for_each(&mut each);
+                }
+            }
+            Some(semantic) => {
+                let mut findings: Vec<Finding> = Vec::new();
+                for detector in &self.detectors {
+                    findings.extend(detector.inspect(&input));
+                }
+                findings.extend(semantic.inspect(&input));
+                crate::detect::semantic::fuse(&mut findings);
+                findings.into_iter().for_each(&mut each);
+            }
         }
         self.metrics.scanned.with_label_values(&[family]).inc();
-        (output, findings)
+        output
     }
 }
