@@ -14,6 +14,8 @@
 //! comes back with unit length.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use candle_core::{DType, Device, IndexOp, Tensor};
 use candle_nn::VarBuilder;
@@ -172,9 +174,15 @@ impl Embedder {
     /// Embeds a batch: one unit-length vector of `dimension()` floats per
     /// text, in order.
     ///
-    /// The batch is padded to its longest text and padding is masked out of
-    /// both attention and pooling, so a text gets the same vector alone or
-    /// in any batch. Texts longer than `max_seq_len()` tokens are truncated.
+    /// Padding is masked out of both attention and pooling, so a text gets
+    /// the same vector alone or in any batch. Texts longer than
+    /// `max_seq_len()` tokens are truncated. On a GPU the batch is one model
+    /// call, padded to its longest text. On the CPU it is cut into
+    /// micro-batches of texts of about one length (longest first, at most
+    /// `CPU_MICRO_BATCH_TOKENS` padded tokens each) that the rayon pool's
+    /// threads take in turn: little padding, activations that stay in cache,
+    /// and every core busy in the element-wise work too, not only in the
+    /// matrix products.
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
         if texts.is_empty() {
             return Ok(Vec::new());
@@ -189,24 +197,84 @@ impl Embedder {
             // A tokenizer without special tokens and only empty texts.
             return Ok(vec![vec![0.0; self.dimension]; batch]);
         }
-        let mut ids = Vec::with_capacity(batch * len);
-        let mut type_ids = Vec::with_capacity(batch * len);
-        let mut mask = Vec::with_capacity(batch * len);
-        for e in &encodings {
-            // BatchLongest padding makes every encoding `len` long; this
-            // guard keeps a tokenizer that pads differently from building a
-            // misshapen tensor.
-            if e.len() != len {
-                return Err(EmbedError::Tokenize(format!(
-                    "the tokenizer padded to {} tokens instead of {len}",
-                    e.len()
-                )));
-            }
-            ids.extend_from_slice(e.get_ids());
-            type_ids.extend_from_slice(e.get_type_ids());
-            mask.extend_from_slice(e.get_attention_mask());
+        // BatchLongest padding makes every encoding `len` long; this guard
+        // keeps a tokenizer that pads differently from building a misshapen
+        // tensor.
+        if let Some(e) = encodings.iter().find(|e| e.len() != len) {
+            return Err(EmbedError::Tokenize(format!(
+                "the tokenizer padded to {} tokens instead of {len}",
+                e.len()
+            )));
         }
-        self.forward(ids, type_ids, mask, (batch, len))
+        if !self.device.is_cpu() || batch == 1 {
+            let all: Vec<usize> = (0..batch).collect();
+            return self.forward_group(&encodings, &all, len);
+        }
+
+        // Padding is on the right: a text's tokens are the first `real` of
+        // its `len`, and a micro-batch needs only its longest text's.
+        let real: Vec<usize> = encodings
+            .iter()
+            .map(|e| e.get_attention_mask().iter().filter(|&&m| m != 0).count())
+            .collect();
+        let threads = rayon::current_num_threads().max(1);
+        let groups = micro_batches(&real, threads);
+        let run = |group: &[usize]| {
+            let longest = group.iter().map(|&i| real[i]).max().unwrap_or(0);
+            self.forward_group(&encodings, group, longest.clamp(1, len))
+        };
+        // The groups come longest first; each thread takes the next one, so
+        // the short ones even out the end.
+        let next = AtomicUsize::new(0);
+        let out = Mutex::new(vec![Vec::new(); batch]);
+        let failed = Mutex::new(None);
+        rayon::scope(|s| {
+            for _ in 0..threads.min(groups.len()) {
+                s.spawn(|_| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(group) = groups.get(k) else { break };
+                    match run(group) {
+                        Ok(vectors) => {
+                            let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+                            for (&i, v) in group.iter().zip(vectors) {
+                                out[i] = v;
+                            }
+                        }
+                        Err(e) => {
+                            failed
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .get_or_insert(e);
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(out.into_inner().unwrap_or_else(|e| e.into_inner())),
+        }
+    }
+
+    /// The model on the texts `group` of `encodings`, each cut to its first
+    /// `len` tokens (its padding beyond the group's longest text).
+    fn forward_group(
+        &self,
+        encodings: &[tokenizers::Encoding],
+        group: &[usize],
+        len: usize,
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let n = group.len();
+        let mut ids = Vec::with_capacity(n * len);
+        let mut type_ids = Vec::with_capacity(n * len);
+        let mut mask = Vec::with_capacity(n * len);
+        for e in group.iter().map(|&i| &encodings[i]) {
+            ids.extend_from_slice(&e.get_ids()[..len]);
+            type_ids.extend_from_slice(&e.get_type_ids()[..len]);
+            mask.extend_from_slice(&e.get_attention_mask()[..len]);
+        }
+        self.forward(ids, type_ids, mask, (n, len))
             .map_err(EmbedError::Forward)
     }
 
@@ -279,6 +347,30 @@ impl Embedder {
     pub fn pooling(&self) -> Pooling {
         self.pooling
     }
+}
+
+/// Most padded tokens (texts x the longest text's tokens) in one CPU
+/// micro-batch. Measured on all-MiniLM-L6-v2 (one thread, texts of 16 to 128
+/// tokens): 128 to 512 all ran about twice as many texts per CPU-second as
+/// whole batches of 32 did; 2,048 gained less than half of that.
+pub(super) const CPU_MICRO_BATCH_TOKENS: usize = 256;
+
+/// The texts, longest first, cut into micro-batches: each holds at most
+/// `CPU_MICRO_BATCH_TOKENS` padded tokens (always at least one text) and at
+/// most a `threads`-th of the texts, so that every thread gets work.
+pub(super) fn micro_batches(real: &[usize], threads: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..real.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(real[i]));
+    let most = real.len().div_ceil(threads.max(1));
+    let mut groups = Vec::new();
+    let mut rest = order.as_slice();
+    while let Some(&first) = rest.first() {
+        let n = (CPU_MICRO_BATCH_TOKENS / real[first].max(1)).clamp(1, most.min(rest.len()));
+        let (group, tail) = rest.split_at(n);
+        groups.push(group.to_vec());
+        rest = tail;
+    }
+    groups
 }
 
 fn device_name(device: &Device) -> String {

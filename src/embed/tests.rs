@@ -187,6 +187,70 @@ fn a_batch_gives_the_same_vectors_as_one_text_at_a_time() {
     }
 }
 
+/// On the CPU a call is cut into micro-batches of about one length, each
+/// padded only to its own longest text: 40 texts of 3 to 64 tokens make
+/// several of them on any number of threads, and every text still gets the
+/// vector it gets alone, in its place.
+#[test]
+fn a_mixed_batch_cut_into_micro_batches_gives_each_text_its_own_vector() {
+    let words = VOCAB[4..].join(" ");
+    let words: Vec<&str> = words.split(' ').collect();
+    let texts: Vec<String> = (0..40)
+        .map(|i| {
+            let n = (i * 7) % 70; // 0 to 69 words: 2 to 64 tokens
+            (0..n)
+                .map(|k| words[(i + k) % words.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    for pooling in [Pooling::Mean, Pooling::Cls] {
+        let embedder = load(&tiny_model("micro", pooling));
+        let batched = embedder.embed(&refs).expect("embed batch");
+        assert_eq!(batched.len(), refs.len());
+        for (text, b) in refs.iter().zip(&batched) {
+            let alone = embedder.embed(&[text]).expect("embed one");
+            let diff = max_abs_diff(&alone[0], b);
+            assert!(diff < 1e-4, "{pooling:?} {text:?}: differs by {diff}");
+        }
+    }
+}
+
+/// Micro-batches hold every text once, longest first, within the token
+/// budget (or one text alone), and at most a `threads`-th of the texts.
+#[test]
+fn micro_batches_cover_every_text_once_within_the_budget() {
+    use super::model::{micro_batches, CPU_MICRO_BATCH_TOKENS};
+    let lens: Vec<usize> = (0..101).map(|i| 2 + (i * 37) % 255).collect();
+    for threads in [1, 2, 3, 8, 200] {
+        let groups = micro_batches(&lens, threads);
+        let mut seen: Vec<usize> = groups.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..lens.len()).collect::<Vec<_>>(),
+            "{threads} threads"
+        );
+        let most = lens.len().div_ceil(threads);
+        let mut previous = usize::MAX;
+        for g in &groups {
+            assert!(!g.is_empty() && g.len() <= most, "{threads} threads: {g:?}");
+            let longest = lens[g[0]];
+            assert!(g.iter().all(|&i| lens[i] <= longest));
+            assert!(longest <= previous, "longest first");
+            previous = g.iter().map(|&i| lens[i]).min().unwrap_or(0);
+            assert!(
+                g.len() == 1 || g.len() * longest <= CPU_MICRO_BATCH_TOKENS,
+                "{threads} threads: {} texts of up to {longest} tokens",
+                g.len()
+            );
+        }
+    }
+    assert!(micro_batches(&[], 2).is_empty());
+    assert_eq!(micro_batches(&[0, 0, 0], 1), vec![vec![0, 1, 2]]);
+}
+
 #[test]
 fn identical_texts_have_cosine_one() {
     let embedder = load(&tiny_model("same", Pooling::Mean));
