@@ -218,21 +218,16 @@ fn main() -> anyhow::Result<()> {
     }
 
     // ---- Second residue tier: the static (Model2Vec-style) table ----------
-    // TODO(static tier): `residue::embed::StaticEmbedder` is being written in
-    // parallel. When it lands, load it and time it here on the same texts and
-    // batches, with the same helper, and add a row to the table:
-    //
-    //     let table = StaticEmbedder::load(&static_dir)?;
-    //     for (name, texts) in &orders {
-    //         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    //         let pass = time_pass(&refs, batch, |chunk| {
-    //             black_box(table.embed(chunk));
-    //         });
-    //         println!("| {name}, static tier | {:.1} | – | – | … |", pass.rate);
-    //     }
-    //
-    // It has no counterpart on the sentence-transformers side.
-    // ------------------------------------------------------------------------
+    // Distilled from the same model (cached next to it after the first run);
+    // no sentence-transformers counterpart, so only its own rate.
+    let table = residue::embed::StaticEmbedder::load_or_distill(&model_dir, &embedder)?;
+    for (name, texts) in &orders {
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let pass = time_pass(&refs, batch, |chunk| {
+            std::hint::black_box(table.embed(chunk).expect("static embed"));
+        });
+        println!("| {name}, static tier | {:.1} | – | – | – | – | – |", pass.rate);
+    }
 
     if std::env::var_os("KEEP_TEXTS").is_some() {
         println!("kept the text files in {}", dir.display());
