@@ -226,7 +226,10 @@ fn main() -> anyhow::Result<()> {
         let pass = time_pass(&refs, batch, |chunk| {
             std::hint::black_box(table.embed(chunk).expect("static embed"));
         });
-        println!("| {name}, static tier | {:.1} | – | – | – | – | – |", pass.rate);
+        println!(
+            "| {name}, static tier | {:.1} | – | – | – | – | – |",
+            pass.rate
+        );
     }
 
     if std::env::var_os("KEEP_TEXTS").is_some() {
