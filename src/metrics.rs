@@ -74,8 +74,8 @@ pub struct Metrics {
     /// Answer-to-own-prompt similarity of each scanned answer, by tier
     /// (`static`, `transformer`).
     pub semantic_relevance: HistogramVec,
-    /// Semantic checks not made, by reason (`shed`, `timeout`, `error`,
-    /// `no_prompt_text`).
+    /// Semantic checks not made, by reason (`shed`, `timeout`, `stopped`,
+    /// `error`: a prompt of token ids only, say).
     pub semantic_skipped: IntCounterVec,
     /// Static-tier candidates the transformer was asked to confirm, by
     /// detector and outcome (`confirmed`, `dismissed`).
