@@ -680,6 +680,18 @@ impl Config {
                 sem.chunk_tokens
             ));
         }
+        if sem.max_chunks > 1024 {
+            errors.push(format!(
+                "semantic.max-chunks: {} is more than 1024",
+                sem.max_chunks
+            ));
+        }
+        if sem.min_answer_tokens > sem.chunk_tokens {
+            errors.push(format!(
+                "semantic.min-answer-tokens: {} is more than semantic.chunk-tokens ({}); answers are judged by their first chunk",
+                sem.min_answer_tokens, sem.chunk_tokens
+            ));
+        }
         if sem.chunk_stride > sem.chunk_tokens {
             errors.push(format!(
                 "semantic.chunk-stride: {} is more than semantic.chunk-tokens ({}): text between chunks would never be read",

@@ -321,7 +321,7 @@ fn encoding_problem(e: &crate::encoding::EncodingError) -> &'static str {
 impl Scanners {
     /// Scans one exchange: decode, count, run every detector, emit incidents.
     pub fn scan(&self, exchange: &Exchange) {
-        self.run_detectors(exchange, |finding| {
+        self.run_detectors(exchange, true, |finding| {
             self.incidents.report(exchange, finding, "monitor");
         });
     }
@@ -333,18 +333,21 @@ impl Scanners {
     /// `semantic.enforce`) as monitored.
     pub fn findings(&self, exchange: &Exchange) -> (Output, Vec<Finding>) {
         let mut findings = Vec::new();
-        let output = self.run_detectors(exchange, |f| findings.push(f));
-        if !self.semantic_enforce {
-            findings.retain(|f| {
-                let semantic = matches!(
-                    f.detector,
-                    crate::detect::semantic::LEAK | crate::detect::semantic::RELEVANCE
+        let output = self.run_detectors(exchange, self.semantic_enforce, |f| findings.push(f));
+        // Semantic findings that may not decide are not waited for: they are
+        // checked and reported off the path.
+        if let (Some(semantic), false) = (&self.semantic, self.semantic_enforce) {
+            if (200..300).contains(&exchange.status) {
+                semantic.check_later(
+                    self.incidents.clone(),
+                    exchange.request_id.clone(),
+                    exchange.tenant.clone(),
+                    exchange.endpoint,
+                    exchange.status,
+                    exchange.prompt.clone(),
+                    output.scan_text().into_owned(),
                 );
-                if semantic {
-                    self.incidents.report(exchange, f.clone(), "monitor");
-                }
-                !semantic
-            });
+            }
         }
         (output, findings)
     }
@@ -353,7 +356,12 @@ impl Scanners {
     /// `each`. Without semantic detectors a detector's findings go out as
     /// soon as it returns them; with them, every finding waits for the
     /// semantic ones, so that both can be fused.
-    fn run_detectors(&self, exchange: &Exchange, mut each: impl FnMut(Finding)) -> Output {
+    fn run_detectors(
+        &self,
+        exchange: &Exchange,
+        with_semantic: bool,
+        mut each: impl FnMut(Finding),
+    ) -> Output {
         let family = exchange.endpoint.family().as_str();
         let (output, problem) = decode_output(exchange, self.max_response_bytes);
         if let Some(reason) = problem {
@@ -387,7 +395,7 @@ impl Scanners {
             prompt_tokens,
             counter: exchange.counter.name(),
         };
-        match &self.semantic {
+        match self.semantic.as_ref().filter(|_| with_semantic) {
             None => {
                 for detector in &self.detectors {
                     detector.inspect(&input).into_iter().for_each(&mut each);

@@ -248,11 +248,31 @@ impl Proxy {
                                         ctx.tenant.clone(),
                                         scan.prompt.clone(),
                                     );
+                                    // The transformer tier embeds prompts
+                                    // with the model: not worth a wait
+                                    // before forwarding (the cascade's static
+                                    // record takes about 2 ms).
+                                    let (inline_semantic, later) = match semantic {
+                                        Some(s)
+                                            if s.tier()
+                                                == crate::detect::semantic::Tier::Transformer =>
+                                        {
+                                            (None, Some(s))
+                                        }
+                                        other => (other, None),
+                                    };
+                                    if let Some(semantic) = later {
+                                        let (tenant, prompt) =
+                                            (ctx.tenant.clone(), scan.prompt.clone());
+                                        drop(tokio::task::spawn_blocking(move || {
+                                            semantic.record_prompt(&tenant, &prompt)
+                                        }));
+                                    }
                                     let _ = tokio::task::spawn_blocking(move || {
                                         if let Some(cross) = cross {
                                             cross.record_prompt(&tenant, &prompt);
                                         }
-                                        if let Some(semantic) = semantic {
+                                        if let Some(semantic) = inline_semantic {
                                             semantic.record_prompt(&tenant, &prompt);
                                         }
                                     })

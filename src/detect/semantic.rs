@@ -148,12 +148,14 @@ pub enum SemanticError {
     Timeout(Duration),
     #[error("semantic window: {0}")]
     Window(String),
+    #[error("{0}")]
+    Config(String),
 }
 
 impl SemanticError {
     fn reason(&self) -> &'static str {
         match self {
-            SemanticError::Missing { .. } => "misconfigured",
+            SemanticError::Missing { .. } | SemanticError::Config(_) => "misconfigured",
             SemanticError::Embed(EmbedError::Overloaded) => "shed",
             SemanticError::Embed(EmbedError::Stopped) => "stopped",
             SemanticError::Embed(_) => "error",
@@ -309,6 +311,13 @@ pub fn build(
         TierChoice::Static => Tier::Static,
         TierChoice::Transformer => Tier::Transformer,
     };
+    if config.chunk_tokens + 2 > embedder.max_seq_len() {
+        return Err(SemanticError::Config(format!(
+            "semantic.chunk-tokens: {} tokens plus [CLS] and [SEP] is more than the model reads ({})",
+            config.chunk_tokens,
+            embedder.max_seq_len()
+        )));
+    }
     let tokenizer = embedder.plain_tokenizer()?;
     let table = match tier {
         Tier::Static | Tier::Cascade => Some(Arc::new(StaticEmbedder::load_or_distill(
@@ -543,6 +552,32 @@ impl Semantic {
         Ok(())
     }
 
+    /// Checks one answer on the blocking pool and reports what it finds as
+    /// monitored: for answers whose verdict the semantic findings may not
+    /// change, so that nobody waits for the model.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_later(
+        self: &Arc<Self>,
+        incidents: crate::incident::IncidentSink,
+        request_id: Arc<str>,
+        tenant: Tenant,
+        endpoint: crate::protocol::Endpoint,
+        status: u16,
+        prompt: Arc<Prompt>,
+        answer: String,
+    ) {
+        let this = self.clone();
+        self.runtime
+            .spawn_blocking(move || match this.check(&tenant, &prompt, &answer) {
+                Ok(findings) => {
+                    for f in findings {
+                        incidents.report_for(&request_id, &tenant, endpoint, status, f, "monitor");
+                    }
+                }
+                Err(e) => this.skipped(&e),
+            });
+    }
+
     /// Checks one answer against its prompt and the window.
     pub fn check(
         &self,
@@ -639,11 +674,11 @@ impl Semantic {
                 &prompt_chunks,
                 &sources,
             ) {
-                Ok((r, deep_sources)) => {
+                Ok((r, r_leak, deep_sources)) => {
                     // The model's own window decides where it has the
                     // source; else the static source stands when the model
                     // too finds the answer off its prompt.
-                    let keep_leak = !deep_sources.is_empty() || r < self.settings.confirm_leak;
+                    let keep_leak = !deep_sources.is_empty() || r_leak < self.settings.confirm_leak;
                     let keep_relevance = r < self.settings.confirm_relevance;
                     for (detector, had, keep) in [
                         (
@@ -744,7 +779,7 @@ impl Semantic {
         prompt: &str,
         prompt_chunks: &[Chunk],
         sources: &[Source],
-    ) -> Result<(f32, Vec<Source>), SemanticError> {
+    ) -> Result<(f32, f32, Vec<Source>), SemanticError> {
         const MOST: usize = 4;
         let mut picked: Vec<usize> = sources
             .iter()
@@ -752,6 +787,7 @@ impl Semantic {
             .collect();
         picked.sort_unstable();
         picked.dedup();
+        let flagged = picked.len().min(MOST);
         let rest: Vec<usize> = (0..answer_chunks.len())
             .filter(|i| !picked.contains(i))
             .collect();
@@ -762,6 +798,16 @@ impl Semantic {
         let av = self.transformer(answer, &a)?;
         let pv = self.transformer(prompt, p)?;
         let relevance = av.iter().map(|x| best_against(x, &pv)).fold(-1.0, f32::max);
+        // A leak is judged on its own chunks: an on-topic rest of the answer
+        // must not vouch for a foreign paragraph.
+        let leak_relevance = if flagged > 0 {
+            av[..flagged]
+                .iter()
+                .map(|x| best_against(x, &pv))
+                .fold(-1.0, f32::max)
+        } else {
+            relevance
+        };
         let mut deep_sources = Vec::new();
         if let Some(deep) = &self.deep {
             let t = default_thresholds(Tier::Transformer);
@@ -779,7 +825,7 @@ impl Semantic {
             }
             deep_sources = found;
         }
-        Ok((relevance, deep_sources))
+        Ok((relevance, leak_relevance, deep_sources))
     }
 }
 

@@ -94,7 +94,14 @@ impl StaticEmbedder {
         let mut table = vec![0f32; vocab * dim];
         let ids: Vec<u32> = (0..vocab as u32).collect();
         for batch in ids.chunks(DISTILL_BATCH) {
+            // Model2Vec's reversed `[SEP] token [CLS]` ("works better") for
+            // mean-pooled models; a CLS-pooled model reads position 0, which
+            // must then be `[CLS]`.
+            let cls_pooled = embedder.pooling() == super::Pooling::Cls;
             let (len, seqs): (usize, Vec<u32>) = match (sep, cls) {
+                (Some(s), Some(c)) if cls_pooled => {
+                    (3, batch.iter().flat_map(|&id| [c, id, s]).collect())
+                }
                 (Some(s), Some(c)) => (3, batch.iter().flat_map(|&id| [s, id, c]).collect()),
                 _ => (1, batch.to_vec()),
             };

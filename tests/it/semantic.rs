@@ -58,6 +58,14 @@ async fn ask(residue: &residue::Running, tenant: &str, text: &str) -> (u16, Stri
 }
 
 async fn start(dir: PathBuf, enforce: bool) -> (FakeUpstream, residue::Running, support::Recorder) {
+    start_with(dir, enforce, enforce).await
+}
+
+async fn start_with(
+    dir: PathBuf,
+    enforce: bool,
+    block: bool,
+) -> (FakeUpstream, residue::Running, support::Recorder) {
     let upstream = FakeUpstream::start(upstream()).await;
     let mut config = support::config(&upstream.url());
     config.tenant.trust_header = true;
@@ -67,8 +75,8 @@ async fn start(dir: PathBuf, enforce: bool) -> (FakeUpstream, residue::Running, 
     // Other tests share these two cores: a slow confirmation must not be
     // dropped as a timeout here.
     config.semantic.timeout = std::time::Duration::from_secs(60);
-    if enforce {
-        config.semantic.enforce = true;
+    config.semantic.enforce = enforce;
+    if block {
         config.action.default = residue::config::Action::Block;
     }
     let (residue, recorder) = support::start(config).await;
@@ -114,6 +122,21 @@ async fn with_enforce_a_semantic_leak_is_blocked() {
     assert!(!body.contains("rewards programme"));
     let incident = wait_for_detector(&mut live, "semantic_leak").await;
     assert_eq!(incident.action, "block");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_block_without_enforce_a_semantic_leak_passes_and_is_reported() {
+    let Some(dir) = model() else { return };
+    let (_up, residue, _recorder) = start_with(dir, false, true).await;
+    let mut live = residue.incidents.subscribe();
+    assert_eq!(ask(&residue, "tenant-a", A_PROMPT).await.0, 200);
+    let (status, body) = ask(&residue, "tenant-b", B_PROMPT).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("rewards programme"));
+    // Checked off the path, after the answer went out.
+    let incident = wait_for_detector(&mut live, "semantic_leak").await;
+    assert_eq!(incident.action, "monitor");
+    assert_eq!(incident.evidence["source_tenant"], "tenant-a");
 }
 
 async fn wait_for_detector(

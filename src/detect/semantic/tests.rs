@@ -189,9 +189,13 @@ fn build_with(
     tier: TierChoice,
     rt: &tokio::runtime::Runtime,
 ) -> (Semantic, Metrics) {
+    build_config(&config(dir, tier), rt)
+}
+
+fn build_config(config: &SemanticConfig, rt: &tokio::runtime::Runtime) -> (Semantic, Metrics) {
     let metrics = Metrics::new();
     let sem = build(
-        &config(dir, tier),
+        config,
         Duration::from_secs(600),
         TenantNames::new(HashKey::new([5; 32]), true),
         rt.handle().clone(),
@@ -213,12 +217,31 @@ fn runtime() -> tokio::runtime::Runtime {
 fn every_tier_runs_on_a_tiny_model_and_hostile_answers_are_no_panic() {
     let dir = crate::embed::tests::tiny_model("semantic-plumbing", Pooling::Mean);
     let rt = runtime();
+    // The tiny model reads 64 positions: chunks of 96 tokens are refused.
+    let too_long = build(
+        &config(&dir, TierChoice::Static),
+        Duration::from_secs(600),
+        TenantNames::new(HashKey::new([5; 32]), true),
+        rt.handle().clone(),
+        &Metrics::new(),
+    );
+    assert!(
+        matches!(too_long, Err(SemanticError::Config(_))),
+        "{:?}",
+        too_long.err()
+    );
     for tier in [
         TierChoice::Static,
         TierChoice::Transformer,
         TierChoice::Cascade,
     ] {
-        let (sem, metrics) = build_with(&dir, tier, &rt);
+        let small = SemanticConfig {
+            chunk_tokens: 32,
+            chunk_stride: 16,
+            min_answer_tokens: 8,
+            ..config(&dir, tier)
+        };
+        let (sem, metrics) = build_config(&small, &rt);
         let p = prompt("the cat sat on the mat . the cat sat on the mat");
         sem.record_prompt(&tenant("a"), &p);
         assert!(
