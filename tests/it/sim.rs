@@ -182,7 +182,7 @@ async fn placeholder_leak_end_to_end() {
     let a = ask(&sim, "/v1/chat/completions", "t0", "a-1", &a_prompt, false).await;
     // A's pages become stale once its answer was delivered (plus a grace
     // for the proxy in front to read it).
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     for (i, p) in PATHS.iter().enumerate() {
         for stream in [false, true] {
             let id = format!("b-{i}-{stream}");
