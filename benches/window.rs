@@ -87,7 +87,7 @@ fn filled(size: usize, precision: Precision, seed: u64) -> VectorWindow {
         // One record of 8 chunks at a time, as a response arrives.
         let n = 8.min(size - i as usize);
         let rows: Vec<Vec<f32>> = (0..n).map(|_| rng.unit()).collect();
-        let kind = if i % 16 == 0 {
+        let kind = if i.is_multiple_of(16) {
             ContentKind::Prompt
         } else {
             ContentKind::Answer

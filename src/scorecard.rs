@@ -245,13 +245,13 @@ pub fn score(
             card.pii_leaks.add(id, pii_caught);
         }
         if let Some(ms) = millis(&t.time) {
-            if first_leak.map_or(true, |(m, _)| ms < m) {
+            if first_leak.is_none_or(|(m, _)| ms < m) {
                 first_leak = Some((ms, &t.time));
             }
         }
         for i in found {
             if let Some(ms) = millis(&i.time) {
-                if first_incident.map_or(true, |(m, _)| ms < m) {
+                if first_incident.is_none_or(|(m, _)| ms < m) {
                     first_incident = Some((ms, &i.time));
                 }
             }

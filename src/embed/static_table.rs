@@ -112,7 +112,7 @@ impl StaticEmbedder {
             for (&id, v) in batch.iter().zip(vectors) {
                 let blank = tokenizer
                     .id_to_token(id)
-                    .map_or(true, |t| is_blank_token(&t, special.contains(&id)));
+                    .is_none_or(|t| is_blank_token(&t, special.contains(&id)));
                 if !blank {
                     let row = id as usize * dim;
                     table[row..row + dim].copy_from_slice(&v);

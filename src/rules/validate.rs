@@ -188,7 +188,7 @@ pub fn luhn(digits: &str) -> bool {
         }
         sum += d;
     }
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// A card number as written (digits with optional space/dash separators):
@@ -384,7 +384,7 @@ pub fn cn_resident_id(value: &str) -> bool {
 }
 
 fn valid_date(year: u32, month: u32, day: u32) -> bool {
-    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let leap = (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400);
     let days = match month {
         1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
         4 | 6 | 9 | 11 => 30,

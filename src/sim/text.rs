@@ -198,7 +198,7 @@ fn sentences(text: &str) -> Vec<&str> {
     let mut from = 0;
     let mut chars = text.char_indices().peekable();
     while let Some((i, c)) = chars.next() {
-        let next_blank = chars.peek().map_or(true, |(_, n)| n.is_whitespace());
+        let next_blank = chars.peek().is_none_or(|(_, n)| n.is_whitespace());
         let end =
             matches!(c, '\n' | '。' | '！' | '？') || (matches!(c, '.' | '!' | '?') && next_blank);
         if end {
