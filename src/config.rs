@@ -422,6 +422,19 @@ pub enum TierChoice {
     Cascade,
 }
 
+/// How the CPU runs the embedding model's matrix products: `auto` is
+/// `int8` on a CPU with AVX-512 VNNI and `f32` elsewhere. `int8` without
+/// VNNI runs portable loops, many times slower than `f32`; it is there for
+/// tests.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpuPrecisionChoice {
+    #[default]
+    Auto,
+    Int8,
+    F32,
+}
+
 /// How the semantic window stores vectors.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -458,6 +471,8 @@ pub struct SemanticConfig {
     /// Chunk vectors the window holds (for `fingerprint.window`).
     pub window_chunks: usize,
     pub precision: PrecisionChoice,
+    /// The model's matrix products on the CPU (not the GPU).
+    pub cpu_precision: CpuPrecisionChoice,
     /// Let semantic findings block or redact non-streamed answers under
     /// `action`; off, they are reported (monitor) only.
     pub enforce: bool,
@@ -490,6 +505,7 @@ impl Default for SemanticConfig {
             min_answer_tokens: 16,
             window_chunks: 100_000,
             precision: PrecisionChoice::I8,
+            cpu_precision: CpuPrecisionChoice::Auto,
             enforce: false,
             timeout: Duration::from_secs(2),
             queue: 1024,
@@ -972,6 +988,54 @@ mod tests {
             "action.default",
             "action.hold-back-chars",
             "action.tenant[0].action",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+        }
+    }
+
+    #[test]
+    fn semantic_section_parses_and_reports_every_error() {
+        let config = Config::from_toml(
+            r#"
+            [semantic]
+            enabled = true
+            tier = "transformer"
+            cpu-precision = "f32"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.semantic.cpu_precision, CpuPrecisionChoice::F32);
+        assert_eq!(
+            Config::default().semantic.cpu_precision,
+            CpuPrecisionChoice::Auto
+        );
+        let err = Config::from_toml(
+            r#"
+            [semantic]
+            cpu-precision = "int4"
+            "#,
+        )
+        .unwrap_err();
+        let all = err.errors.join("\n");
+        assert!(all.contains("semantic.cpu-precision"), "{all}");
+        let err = Config::from_toml(
+            r#"
+            [semantic]
+            leak-threshold = 1.5
+            chunk-tokens = 600
+            max-chunks = 2000
+            min-answer-tokens = 700
+            timeout = "0s"
+            "#,
+        )
+        .unwrap_err();
+        let all = err.errors.join("\n");
+        for needle in [
+            "semantic.leak-threshold",
+            "semantic.chunk-tokens",
+            "semantic.max-chunks",
+            "semantic.min-answer-tokens",
+            "semantic.timeout",
         ] {
             assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
         }

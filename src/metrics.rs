@@ -69,7 +69,8 @@ pub struct Metrics {
     pub embed_requests: IntCounterVec,
     /// Texts per model call of the embedding service.
     pub embed_batch_size: Histogram,
-    /// The embedding model's device (`cpu`, `cuda:0`); always 1.
+    /// The embedding model's device (`cpu`, `cuda:0`) and what runs its
+    /// matrix products (`f32`, `int8-avx512-vnni`); always 1.
     pub embed_device: IntGaugeVec,
     /// Answer-to-own-prompt similarity of each scanned answer, by tier
     /// (`static`, `transformer`).
@@ -167,9 +168,9 @@ impl Metrics {
         let embed_device = IntGaugeVec::new(
             Opts::new(
                 "residue_embed_device",
-                "The embedding model's device; always 1.",
+                "The embedding model's device and what runs its matrix products; always 1.",
             ),
-            &["device"],
+            &["device", "kernel"],
         )
         .expect("valid metric. This is a bug.");
         r.register(Box::new(embed_device.clone()))

@@ -302,8 +302,16 @@ pub fn build(
     runtime: tokio::runtime::Handle,
     metrics: &Metrics,
 ) -> Result<Semantic, SemanticError> {
-    use crate::config::{PrecisionChoice, TierChoice};
-    let embedder = crate::embed::Embedder::load(&config.model)?;
+    use crate::config::{CpuPrecisionChoice, PrecisionChoice, TierChoice};
+    use crate::embed::CpuPrecision;
+    let embedder = crate::embed::Embedder::load_as(
+        &config.model,
+        match config.cpu_precision {
+            CpuPrecisionChoice::Auto => CpuPrecision::Auto,
+            CpuPrecisionChoice::Int8 => CpuPrecision::Int8,
+            CpuPrecisionChoice::F32 => CpuPrecision::F32,
+        },
+    )?;
     let on_gpu = embedder.device_name() != "cpu";
     let tier = match config.tier {
         TierChoice::Auto if on_gpu => Tier::Transformer,

@@ -6,12 +6,13 @@
 //! `models/all-MiniLM-L6-v2/`.
 
 pub mod chunk;
+mod int8;
 mod model;
 mod service;
 mod static_table;
 pub mod window;
 
-pub use model::{EmbedError, Embedder, Pooling};
+pub use model::{CpuPrecision, EmbedError, Embedder, Pooling};
 pub use service::{BatchConfig, EmbedService, Reply, Shed};
 pub use static_table::StaticEmbedder;
 

@@ -20,6 +20,8 @@ use std::sync::Mutex;
 use candle_core::{DType, Device, IndexOp, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+
+use super::int8::{Int8Encoder, Kernel};
 use tokenizers::{
     PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection,
     TruncationParams, TruncationStrategy,
@@ -73,10 +75,25 @@ pub enum Pooling {
     Cls,
 }
 
+/// How the CPU runs the model's matrix products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuPrecision {
+    /// int8 where the CPU has AVX-512 VNNI, f32 otherwise.
+    #[default]
+    Auto,
+    /// candle's f32 model.
+    F32,
+    /// int8 always: with VNNI where the CPU has it, otherwise with plain
+    /// loops (the same vectors, many times slower; for tests).
+    Int8,
+}
+
 /// A loaded embedding model. Cheap to share behind an `Arc`: `embed` takes
 /// `&self` and the model holds no per-call state.
 pub struct Embedder {
     model: BertModel,
+    /// The int8 encoder the CPU runs instead of `model`, when chosen.
+    int8: Option<Int8Encoder>,
     tokenizer: Tokenizer,
     device: Device,
     pooling: Pooling,
@@ -88,6 +105,7 @@ impl std::fmt::Debug for Embedder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Embedder")
             .field("device", &self.device_name())
+            .field("cpu_kernel", &self.cpu_kernel())
             .field("pooling", &self.pooling)
             .field("dimension", &self.dimension)
             .field("max_seq_len", &self.max_seq_len)
@@ -104,8 +122,24 @@ impl Embedder {
         Self::load_on(dir, default_device())
     }
 
-    /// Loads the model folder on `device`.
+    /// Loads the model folder on the default device; on the CPU, its
+    /// matrix products run as `precision` says.
+    pub fn load_as(dir: &Path, precision: CpuPrecision) -> Result<Self, EmbedError> {
+        Self::load_with(dir, default_device(), precision)
+    }
+
+    /// Loads the model folder on `device`, int8 on a CPU with AVX-512 VNNI.
     pub fn load_on(dir: &Path, device: Device) -> Result<Self, EmbedError> {
+        Self::load_with(dir, device, CpuPrecision::Auto)
+    }
+
+    /// Loads the model folder on `device`; on the CPU, its matrix products
+    /// run as `precision` says.
+    pub fn load_with(
+        dir: &Path,
+        device: Device,
+        precision: CpuPrecision,
+    ) -> Result<Self, EmbedError> {
         let config_path = require(dir, "config.json")?;
         let tokenizer_path = require(dir, "tokenizer.json")?;
         let weights_path = require(dir, "model.safetensors")?;
@@ -116,7 +150,11 @@ impl Embedder {
             path: config_path.clone(),
             message,
         };
-        if config.num_attention_heads == 0 || config.hidden_size % config.num_attention_heads != 0 {
+        if config.num_attention_heads == 0
+            || !config
+                .hidden_size
+                .is_multiple_of(config.num_attention_heads)
+        {
             return Err(bad_config(format!(
                 "hidden_size {} is not a multiple of num_attention_heads {}",
                 config.hidden_size, config.num_attention_heads
@@ -147,6 +185,19 @@ impl Embedder {
                 path: weights_path.clone(),
                 message: e.to_string(),
             })?;
+        let kernel = match precision {
+            _ if !device.is_cpu() => None,
+            CpuPrecision::F32 => None,
+            CpuPrecision::Auto => Kernel::detect(),
+            CpuPrecision::Int8 => Some(Kernel::detect().unwrap_or(Kernel::Portable)),
+        };
+        let int8 = kernel
+            .map(|kernel| Int8Encoder::load(&vb, &config, kernel))
+            .transpose()
+            .map_err(|e| EmbedError::Weights {
+                path: weights_path.clone(),
+                message: e.to_string(),
+            })?;
         let model = BertModel::load(vb, &config).map_err(|e| EmbedError::Weights {
             path: weights_path.clone(),
             message: e.to_string(),
@@ -154,6 +205,7 @@ impl Embedder {
 
         let embedder = Embedder {
             model,
+            int8,
             tokenizer,
             device,
             pooling,
@@ -163,6 +215,7 @@ impl Embedder {
         tracing::info!(
             model = %dir.display(),
             device = %embedder.device_name(),
+            kernel = embedder.cpu_kernel(),
             dimension = embedder.dimension,
             max_seq_len = embedder.max_seq_len,
             pooling = ?embedder.pooling,
@@ -265,6 +318,20 @@ impl Embedder {
         group: &[usize],
         len: usize,
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if let Some(int8) = &self.int8 {
+            // Ragged: each text's real tokens only (padding is on the right).
+            let texts: Vec<_> = group
+                .iter()
+                .map(|&i| {
+                    let e = &encodings[i];
+                    let real = e.get_attention_mask().iter().filter(|&&m| m != 0).count();
+                    (&e.get_ids()[..real], &e.get_type_ids()[..real])
+                })
+                .collect();
+            return int8
+                .embed(&texts, self.pooling)
+                .map_err(|e| EmbedError::Forward(candle_core::Error::Msg(e)));
+        }
         let n = group.len();
         let mut ids = Vec::with_capacity(n * len);
         let mut type_ids = Vec::with_capacity(n * len);
@@ -327,6 +394,12 @@ impl Embedder {
     /// texts into chunks (no special tokens are added by callers).
     pub fn plain_tokenizer(&self) -> Result<Tokenizer, EmbedError> {
         super::static_table::plain_tokenizer(&self.tokenizer)
+    }
+
+    /// What runs the model's matrix products: `f32` (candle, on any
+    /// device), `int8-avx512-vnni` or `int8-portable`.
+    pub fn cpu_kernel(&self) -> &'static str {
+        self.int8.as_ref().map_or("f32", |e| e.kernel().name())
     }
 
     /// Where the model runs: `cpu` or `cuda:N`.

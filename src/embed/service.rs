@@ -129,7 +129,7 @@ type Hook = Box<dyn FnMut(BatchInfo) + Send>;
 
 impl EmbedService {
     /// Starts the model thread and returns a handle on it. Sets
-    /// `residue_embed_device{device}` to 1.
+    /// `residue_embed_device{device,kernel}` to 1.
     pub fn start(embedder: Embedder, config: BatchConfig, metrics: &Metrics) -> EmbedService {
         let (service, _thread) = Self::spawn(embedder, config, metrics, None);
         service
@@ -148,7 +148,7 @@ impl EmbedService {
         };
         metrics
             .embed_device
-            .with_label_values(&[&embedder.device_name()])
+            .with_label_values(&[&embedder.device_name(), embedder.cpu_kernel()])
             .set(1);
         let embedder = Arc::new(embedder);
         let (tx, rx) = mpsc::sync_channel(config.queue);

@@ -76,7 +76,10 @@ async fn concurrent_callers_get_what_the_embedder_gives() {
     assert_eq!(service.dimension(), direct.dimension());
     assert_eq!(service.device_name(), "cpu");
     assert_eq!(
-        metrics.embed_device.with_label_values(&["cpu"]).get(),
+        metrics
+            .embed_device
+            .with_label_values(&["cpu", direct.cpu_kernel()])
+            .get(),
         1,
         "the device gauge"
     );
