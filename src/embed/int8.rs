@@ -116,12 +116,14 @@ impl Int8Encoder {
             "weight",
         )?;
         let emb_norm = norm(emb.pp("LayerNorm"))?;
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        // No `with_capacity` from the config's numbers: a hostile file must
+        // get a shape error from the tensors, not an allocation failure.
+        let mut layers = Vec::new();
         for l in 0..config.num_hidden_layers {
             let vb = root.pp(format!("encoder.layer.{l}"));
             let attn = vb.pp("attention");
-            let mut w = Vec::with_capacity(3 * h * h);
-            let mut b = Vec::with_capacity(3 * h);
+            let mut w = Vec::new();
+            let mut b = Vec::new();
             for name in ["query", "key", "value"] {
                 let vb = attn.pp("self").pp(name);
                 w.extend(get(&vb, &[h, h], "weight")?);
@@ -481,16 +483,16 @@ fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    // Adding and removing 1.5 · 2^23 rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let t = x * LOG2E + kernel::ROUND;
+    let n = t - kernel::ROUND;
+    let ni = t.to_bits() as i32 - kernel::ROUND_BITS;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    p * f32::from_bits(((ni + 127) as u32) << 23)
 }
 
 /// `x · Φ(x)` with `erf` from Abramowitz and Stegun 7.1.26 (error under

@@ -18,7 +18,7 @@
 /// Which instructions the products run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kernel {
-    /// AVX-512 F + BW + VNNI, detected at run time.
+    /// AVX-512 F + BW + VNNI (and FMA), detected at run time.
     Vnni,
     /// Plain Rust loops: the same results, many times slower.
     Portable,
@@ -32,6 +32,7 @@ impl Kernel {
             if std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("fma")
             {
                 return Some(Kernel::Vnni);
             }
@@ -112,6 +113,12 @@ impl QLinear {
     pub(crate) fn forward(&self, kernel: Kernel, a: &QuantRows, out: &mut [f32]) {
         assert_eq!(a.kp, self.kp, "quantized rows have the wrong stride");
         let m = a.scale.len();
+        assert_eq!(
+            a.data.len(),
+            m * self.kp,
+            "quantized rows are not {m}x{}",
+            self.kp
+        );
         assert_eq!(out.len(), m * self.n, "output is not {m}x{}", self.n);
         match kernel {
             #[cfg(target_arch = "x86_64")]
@@ -179,7 +186,7 @@ impl QuantRows {
             };
             self.scale.push(s);
             for (d, &v) in dst.iter_mut().zip(row) {
-                *d = (i32::from(quantize(v * inv)) + 128) as u8;
+                *d = quantize_offset(v * inv);
             }
         }
     }
@@ -203,15 +210,26 @@ fn abs_max(row: &[f32]) -> f32 {
     lanes.iter().fold(tail, |m, &v| m.max(v))
 }
 
+/// 1.5 · 2^23: adding it to a float of magnitude below 2^22 rounds it to an
+/// integer (ties to even) and leaves that integer in the low mantissa bits,
+/// `bits - ROUND_BITS`. No `roundf` call and no saturating `as` (neither
+/// vectorises).
+pub(crate) const ROUND: f32 = 12_582_912.0;
+pub(crate) const ROUND_BITS: i32 = 0x4B40_0000;
+
 /// Rounds to the nearest integer (ties to even) in −127..=127; NaN becomes
-/// 0. Adding and removing 1.5 · 2^23 rounds without a call to `roundf`,
-/// which does not vectorise.
+/// 0.
 #[inline(always)]
 fn quantize(v: f32) -> i8 {
-    const ROUND: f32 = 12_582_912.0;
-    let v = v.clamp(-127.0, 127.0);
-    // `as` maps NaN to 0.
-    ((v + ROUND) - ROUND) as i32 as i8
+    (i32::from(quantize_offset(v)) - 128) as i8
+}
+
+/// `128 + quantize(v)`, the byte the VNNI kernel reads.
+#[inline(always)]
+fn quantize_offset(v: f32) -> u8 {
+    #[allow(clippy::eq_op)] // NaN is the only value unequal to itself.
+    let v = if v == v { v.clamp(-127.0, 127.0) } else { 0.0 };
+    ((v + (ROUND + 128.0)).to_bits() as i32 - ROUND_BITS) as u8
 }
 
 #[cfg(target_arch = "x86_64")]
