@@ -48,6 +48,11 @@ def main() -> int:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--warmup-batches", type=int, default=4)
     p.add_argument("--dump", help="write the first file's vectors here (f32 LE)")
+    p.add_argument(
+        "--quantize-dynamic",
+        action="store_true",
+        help="run the model's Linear layers as PyTorch dynamic int8 (quantize_dynamic, qint8)",
+    )
     args = p.parse_args()
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,6 +65,11 @@ def main() -> int:
 
     model = SentenceTransformer(args.model, device="cpu")
     model.eval()
+    if args.quantize_dynamic:
+        # PyTorch's own int8 counterpart of residue's int8 encoder: every
+        # nn.Linear with int8 weights and per-batch dynamic activations
+        # (fbgemm, VNNI where the CPU has it).
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
     inner = args.inner_batch_size or args.batch_size
 
@@ -105,6 +115,7 @@ def main() -> int:
                 "torch": torch.__version__,
                 "sentence_transformers": sentence_transformers.__version__,
                 "threads": torch.get_num_threads(),
+                "quantized": bool(args.quantize_dynamic),
                 "max_seq_length": model.max_seq_length,
                 "batch_size": bs,
                 "inner_batch_size": inner,
