@@ -3,7 +3,8 @@
 //!
 //! `tests/corpus/fetch && cargo bench --bench semantic` (env: PAIRS=400,
 //! TENANTS=100, TIERS=static,cascade,transformer; LEAK, MARGIN, RELEVANCE,
-//! CONFIRM override the thresholds, for calibration). Needs
+//! CONFIRM, CONFIRM_LEAK override the thresholds, for calibration;
+//! CPU_PRECISION=auto|int8|f32 is `semantic.cpu-precision`). Needs
 //! `models/all-MiniLM-L6-v2` (`models/fetch`) and `.corpus/sharegpt.json`.
 //!
 //! Each ShareGPT conversation's first prompt and first answer is one pair,
@@ -21,7 +22,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use residue::config::{SemanticConfig, TierChoice};
+use residue::config::{CpuPrecisionChoice, SemanticConfig, TierChoice};
 use residue::detect::semantic::{build, LEAK, RELEVANCE};
 use residue::detect::TenantNames;
 use residue::hash::HashKey;
@@ -144,6 +145,11 @@ fn main() {
             relevance_threshold: env_f("RELEVANCE"),
             confirm_leak: env_f("CONFIRM_LEAK"),
             confirm_relevance: env_f("CONFIRM"),
+            cpu_precision: match std::env::var("CPU_PRECISION").as_deref() {
+                Ok("f32") => CpuPrecisionChoice::F32,
+                Ok("int8") => CpuPrecisionChoice::Int8,
+                _ => CpuPrecisionChoice::Auto,
+            },
             timeout: Duration::from_secs(60),
             ..SemanticConfig::default()
         };
