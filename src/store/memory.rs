@@ -311,7 +311,7 @@ impl MemoryStore {
             for h in &pii {
                 state.pii.entry(*h).or_default().push((tenant, id));
             }
-            let bloom = Bloom::new(&adjacent_pairs(&record.shingles));
+            let bloom = Bloom::new(&bloom_items(&record.shingles));
             let bytes = RECORD_BYTES
                 + fps.len() * (FP_SLOT_BYTES + FP_KEPT_BYTES)
                 + pii.len() * PII_BYTES
@@ -373,6 +373,12 @@ impl MemoryStore {
                     // collisions and lone shared shingles.
                     let q = &lookup.shingles;
                     let linked = |j: usize| held.bloom.contains(pair(q[j], q[j + 1]));
+                    // A run's first and last shingle must also be in the
+                    // record on their own: a pair's false positive (≈2 %)
+                    // alone would stretch the run, and its byte offsets,
+                    // by a shingle of the requester's own text; both at
+                    // once are ≈0.04 %.
+                    let held_alone = |j: usize| held.bloom.contains(single(q[j]));
                     if !((i > 0 && linked(i - 1)) || (i + 1 < q.len() && linked(i))) {
                         continue;
                     }
@@ -395,14 +401,14 @@ impl MemoryStore {
                     let mut j = first;
                     while j > 0 && linked(j - 1) {
                         j -= 1;
-                        if countable(j) {
+                        if countable(j) && held_alone(j) {
                             first = j;
                         }
                     }
                     let mut j = last;
                     while j + 1 < q.len() && linked(j) {
                         j += 1;
-                        if countable(j) {
+                        if countable(j) && held_alone(j) {
                             last = j;
                         }
                     }
@@ -496,8 +502,20 @@ fn pair(a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn adjacent_pairs(shingles: &[u64]) -> Vec<u64> {
-    shingles.windows(2).map(|w| pair(w[0], w[1])).collect()
+/// The key of one shingle on its own in a record's Bloom filter,
+/// independent of every pair's key.
+fn single(a: u64) -> u64 {
+    pair(a, 0x5349_4e47_4c45_0001)
+}
+
+/// What a record's Bloom filter holds: every pair of adjacent shingles and
+/// every shingle alone.
+fn bloom_items(shingles: &[u64]) -> Vec<u64> {
+    shingles
+        .windows(2)
+        .map(|w| pair(w[0], w[1]))
+        .chain(shingles.iter().map(|&s| single(s)))
+        .collect()
 }
 
 impl FingerprintStore for MemoryStore {
@@ -563,6 +581,32 @@ mod tests {
         assert_eq!(r[0].runs.len(), 1, "{:?}", r[0].runs);
         let run = &r[0].runs[0];
         assert_eq!((run.tenant, run.first, run.last), (1, 50, 79));
+    }
+
+    #[test]
+    fn a_pair_false_positive_does_not_stretch_a_run() {
+        // Find a shingle x that tenant 1's record's filter wrongly links to
+        // the last shingle of a run (a pair false positive) but does not
+        // hold alone: the answer's shingle after the run.
+        let record = rec(1, 0, 100);
+        let bloom = Bloom::new(&bloom_items(&record.shingles));
+        let x = (1_000_000..)
+            .map(mix)
+            .find(|&x| bloom.contains(pair(mix(69), x)) && !bloom.contains(single(x)))
+            .expect("a false positive");
+        let s = MemoryStore::new(Duration::from_secs(60), usize::MAX);
+        s.record_now(vec![record]);
+        let mut q = query(2, 10_000, 10_010);
+        q.shingles.extend((40..70).map(mix));
+        q.shingles.push(x);
+        q.shingles.extend((20_000..20_010).map(mix));
+        let r = s.lookup_now(&[q]);
+        let runs: Vec<(usize, usize)> = r[0].runs.iter().map(|r| (r.first, r.last)).collect();
+        assert_eq!(
+            runs,
+            vec![(10, 39)],
+            "the run ends at the record's last shingle"
+        );
     }
 
     #[test]
