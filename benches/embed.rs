@@ -11,7 +11,9 @@
 //! (`models/all-MiniLM-L6-v2`), `RESIDUE_ST_PYTHON` (a Python with
 //! `sentence_transformers`; without it only residue is timed),
 //! `RAYON_NUM_THREADS` (default: candle's count, the machine's CPUs),
-//! `KEEP_TEXTS=1` (keep the generated text files), `ST_QUANTIZE=1` (run
+//! `KEEP_TEXTS=1` (keep the generated text files), `ST_DEVICE` (the torch
+//! device sentence-transformers runs on, `cpu` by default; `cuda` to set a
+//! GPU build of residue against it), `ST_QUANTIZE=1` (run
 //! sentence-transformers with its Linear layers as PyTorch dynamic int8,
 //! `quantize_dynamic`: the int8 counterpart of residue's int8 encoder; the
 //! agreement with it is then printed, not checked),
@@ -134,7 +136,9 @@ fn main() -> anyhow::Result<()> {
     lens.sort_unstable();
     let q = |p: f64| lens[((lens.len() - 1) as f64 * p).round() as usize];
     println!(
-        "embed throughput, CPU, {} ({} dims, max {} tokens), {threads} threads, batch {batch}, {rounds} rounds",
+        "embed throughput, {} ({}), {} ({} dims, max {} tokens), {threads} threads, batch {batch}, {rounds} rounds",
+        embedder.device_name(),
+        embedder.cpu_kernel(),
         model_dir.display(),
         embedder.dimension(),
         embedder.max_seq_len(),
@@ -213,8 +217,10 @@ fn main() -> anyhow::Result<()> {
             let st_quantized = std::env::var_os("ST_QUANTIZE").is_some_and(|v| v == "1");
             // Against torch's dynamic int8 the agreement is reported, not
             // checked: its own quantization moves its vectors further.
+            // On a GPU either side may use reduced-precision (TF32) products.
             let least = match (st_quantized, side.cpu_kernel()) {
                 (true, _) => -1.0,
+                (false, _) if side.device_name() != "cpu" => 0.99,
                 (false, "f32") => 0.999,
                 (false, _) => 0.98,
             };
@@ -402,6 +408,9 @@ fn run_st(
     if let Some(dump) = dump {
         cmd.arg("--dump").arg(dump);
     }
+    if let Ok(device) = std::env::var("ST_DEVICE") {
+        cmd.arg("--device").arg(device);
+    }
     if std::env::var_os("ST_QUANTIZE").is_some_and(|v| v == "1") {
         cmd.arg("--quantize-dynamic");
     }
@@ -449,9 +458,10 @@ fn run_st(
         passes,
         versions: format!(
             "torch {}, sentence-transformers {}, {st_threads} threads, max_seq_length {st_max}, \
-             calls of {batch} texts, encode(batch_size={st_inner}){}",
+             calls of {batch} texts, encode(batch_size={st_inner}), on {}{}",
             v["torch"].as_str().unwrap_or("?"),
             v["sentence_transformers"].as_str().unwrap_or("?"),
+            v["device"].as_str().unwrap_or("cpu"),
             if v["quantized"].as_bool().unwrap_or(false) {
                 ", Linear layers as torch dynamic int8 (quantize_dynamic)"
             } else {

@@ -48,6 +48,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--warmup-batches", type=int, default=4)
     p.add_argument("--dump", help="write the first file's vectors here (f32 LE)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda")
     p.add_argument(
         "--quantize-dynamic",
         action="store_true",
@@ -63,7 +64,7 @@ def main() -> int:
     import sentence_transformers
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(args.model, device="cpu")
+    model = SentenceTransformer(args.model, device=args.device)
     model.eval()
     if args.quantize_dynamic:
         # PyTorch's own int8 counterpart of residue's int8 encoder: every
@@ -116,6 +117,7 @@ def main() -> int:
                 "sentence_transformers": sentence_transformers.__version__,
                 "threads": torch.get_num_threads(),
                 "quantized": bool(args.quantize_dynamic),
+                "device": args.device,
                 "max_seq_length": model.max_seq_length,
                 "batch_size": bs,
                 "inner_batch_size": inner,
