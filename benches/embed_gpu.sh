@@ -20,7 +20,9 @@ python3 -c 'import torch, sentence_transformers as st; print("torch", torch.__ve
 
 # The CUDA libraries the binary links (cuBLAS, cuRAND, NVRTC, the runtime)
 # come with the machine's torch wheels; the driver's libcuda with the driver.
-libs=$(timeout 90 find /opt /usr -xdev \( -name 'libcublasLt.so.13' -o -name 'libcudart.so.13' -o -name 'libcurand.so.10' -o -name 'libnvrtc.so.13' \) -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
+libs=$( (python3 -c 'import site; print("\n".join(site.getsitepackages()))'; echo /usr/local /opt) |
+    xargs -I{} find {} -xdev \( -name 'libcublasLt.so.13' -o -name 'libcudart.so.13' -o -name 'libcurand.so.10' -o -name 'libnvrtc.so.13' \) -printf '%h\n' 2>/dev/null |
+    sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="${libs}/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 ldd .gpu/embed | grep -E 'cuda|cublas|curand|nvrtc|not found'
@@ -37,14 +39,11 @@ torch.manual_seed(0)
 BertModel(BertConfig.from_pretrained(d), add_pooling_layer=False).save_pretrained(d, safe_serialization=True)
 shutil.move(f"{d}/config.keep", f"{d}/config.json")
 PY
-
-# The binary finds benches/st_compare.py under the folder it was built in.
-if [ ! -e /work/main/benches/st_compare.py ]; then
-    mkdir -p /work && ln -sfn "$PWD" /work/main
-fi
+[ -s "$model/model.safetensors" ] || { echo "no random weights were written to $model" >&2; exit 1; }
 
 for batch in 32 256; do
     echo "=== batch $batch"
     RESIDUE_EMBED_MODEL=$model RESIDUE_ST_PYTHON=python3 ST_DEVICE=cuda \
+        RESIDUE_ST_SCRIPT="$PWD/benches/st_compare.py" \
         TEXTS=4096 BATCH=$batch ROUNDS=3 RESIDUE_LOG=info timeout 200 .gpu/embed --bench
 done

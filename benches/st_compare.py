@@ -2,7 +2,7 @@
 """The sentence-transformers side of `cargo bench --bench embed`.
 
 Encodes the texts of each `--texts` file (a JSON array of strings) with
-sentence-transformers on the CPU, in batches of `--batch-size` taken in file
+sentence-transformers on `--device` (the CPU by default), in batches of `--batch-size` taken in file
 order, exactly as the Rust side cuts them: `encode` is called once per batch,
 so its own length sorting cannot regroup the texts into batches the other
 side does not get. `--inner-batch-size` (default: the batch size) is
@@ -66,6 +66,8 @@ def main() -> int:
 
     model = SentenceTransformer(args.model, device=args.device)
     model.eval()
+    if args.quantize_dynamic and args.device != "cpu":
+        sys.exit("--quantize-dynamic runs on the CPU only (torch's quantize_dynamic)")
     if args.quantize_dynamic:
         # PyTorch's own int8 counterpart of residue's int8 encoder: every
         # nn.Linear with int8 weights and per-batch dynamic activations

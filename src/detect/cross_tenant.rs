@@ -171,7 +171,7 @@ impl CrossTenant {
 
     /// What one text is remembered by: winnowed fingerprints (indexed),
     /// every shingle in order (the store keeps a Bloom filter of each pair
-    /// of adjacent ones) and PII value hashes.
+    /// of adjacent ones and of each alone) and PII value hashes.
     pub fn content(&self, text: &str, into: &mut Record) {
         let mut tokens = Vec::new();
         let mut shingles = Vec::new();

@@ -10,7 +10,8 @@
 //! only proposes a candidate, which the record's Bloom filter over the full
 //! 64-bit hashes then rejects), postings are `(tenant index, record id)`
 //! pairs of `u32`, and records keep their fingerprints (for eviction) and a
-//! Bloom filter of every pair of adjacent shingles (for verification). PII values are indexed
+//! Bloom filter of every pair of adjacent shingles and of every shingle
+//! alone (for verification). PII values are indexed
 //! by their full 64-bit hash: they have no second check.
 
 use std::collections::{HashMap, VecDeque};
@@ -373,13 +374,11 @@ impl MemoryStore {
                     // collisions and lone shared shingles.
                     let q = &lookup.shingles;
                     let linked = |j: usize| held.bloom.contains(pair(q[j], q[j + 1]));
-                    // A run's first and last shingle must also be in the
-                    // record on their own: a pair's false positive (≈2 %)
-                    // alone would stretch the run, and its byte offsets,
-                    // by a shingle of the requester's own text; both at
-                    // once are ≈0.04 %.
-                    let held_alone = |j: usize| held.bloom.contains(single(q[j]));
                     if !((i > 0 && linked(i - 1)) || (i + 1 < q.len() && linked(i))) {
+                        continue;
+                    }
+                    let held_alone = |j: usize| held.bloom.contains(single(q[j]));
+                    if !held_alone(i) {
                         continue;
                     }
                     // Extend through shingles the record holds *next to each
@@ -397,18 +396,26 @@ impl MemoryStore {
                             || (lookup.common_tenants > 0
                                 && at_least_tenants(p, lookup.common_tenants)))
                     };
+                    //
+                    // Every shingle of the run must also be in the record on
+                    // its own: a pair's false positive (≈2 %) alone would
+                    // stretch the run, and its byte offsets, by a shingle of
+                    // the requester's own text (both at once: ≈0.04 %). A
+                    // shingle the filter does not hold alone is certainly not
+                    // the record's (a Bloom filter has no false negatives):
+                    // the run stops there.
                     let (mut first, mut last) = (i, i);
                     let mut j = first;
-                    while j > 0 && linked(j - 1) {
+                    while j > 0 && linked(j - 1) && held_alone(j - 1) {
                         j -= 1;
-                        if countable(j) && held_alone(j) {
+                        if countable(j) {
                             first = j;
                         }
                     }
                     let mut j = last;
-                    while j + 1 < q.len() && linked(j) {
+                    while j + 1 < q.len() && linked(j) && held_alone(j + 1) {
                         j += 1;
-                        if countable(j) && held_alone(j) {
+                        if countable(j) {
                             last = j;
                         }
                     }
@@ -606,6 +613,26 @@ mod tests {
             runs,
             vec![(10, 39)],
             "the run ends at the record's last shingle"
+        );
+
+        // And at its start: a shingle y wrongly linked to the run's first.
+        let record = rec(1, 0, 100);
+        let y = (2_000_000..)
+            .map(mix)
+            .find(|&y| bloom.contains(pair(y, mix(40))) && !bloom.contains(single(y)))
+            .expect("a false positive");
+        let s = MemoryStore::new(Duration::from_secs(60), usize::MAX);
+        s.record_now(vec![record]);
+        let mut q = query(2, 10_000, 10_010);
+        q.shingles.push(y);
+        q.shingles.extend((40..70).map(mix));
+        q.shingles.extend((20_000..20_010).map(mix));
+        let r = s.lookup_now(&[q]);
+        let runs: Vec<(usize, usize)> = r[0].runs.iter().map(|r| (r.first, r.last)).collect();
+        assert_eq!(
+            runs,
+            vec![(11, 40)],
+            "the run starts at the record's first shingle"
         );
     }
 

@@ -4,7 +4,8 @@
 //! The store never sees text or tenant ids: only keyed hashes of shingles
 //! and PII values, and keyed 64-bit tenant keys. Each record keeps
 //! - its winnowed shingle fingerprints, indexed: the candidates;
-//! - a Bloom filter of every pair of adjacent shingles: the verifier. A
+//! - a Bloom filter of every pair of adjacent shingles, and of every
+//!   shingle alone: the verifier. A
 //!   candidate match is extended left and right through the query's
 //!   consecutive shingles while the record holds each of them right after
 //!   the one before, so the store reports real shared runs — not single
@@ -39,8 +40,8 @@ pub struct Record {
     pub kind: Option<ContentKind>,
     /// Winnowed shingle hashes (indexed).
     pub fingerprints: Vec<u64>,
-    /// Every shingle hash, in text order (kept only as adjacent pairs in the
-    /// record's Bloom filter).
+    /// Every shingle hash, in text order (kept only in the record's Bloom
+    /// filter, as adjacent pairs and one by one).
     pub shingles: Vec<u64>,
     /// PII value hashes (indexed exactly).
     pub pii: Vec<u64>,
