@@ -238,24 +238,14 @@ impl Int8Encoder {
             }
             q.quantize(&ctx, h);
             layer.attn_out.forward(self.kernel, &q, &mut tmp);
-            for (row, res) in x.chunks_exact_mut(h).zip(tmp.chunks_exact(h)) {
-                for (v, &r) in row.iter_mut().zip(res) {
-                    *v += r;
-                }
-                layer_norm(row, &layer.attn_norm, self.eps);
-            }
+            add_and_norm(&mut x, &tmp, &layer.attn_norm, self.eps);
 
             q.quantize(&x, h);
             layer.up.forward(self.kernel, &q, &mut up);
             activate(&mut up, self.act);
             q.quantize(&up, self.intermediate);
             layer.down.forward(self.kernel, &q, &mut tmp);
-            for (row, res) in x.chunks_exact_mut(h).zip(tmp.chunks_exact(h)) {
-                for (v, &r) in row.iter_mut().zip(res) {
-                    *v += r;
-                }
-                layer_norm(row, &layer.out_norm, self.eps);
-            }
+            add_and_norm(&mut x, &tmp, &layer.out_norm, self.eps);
         }
 
         let mut out = Vec::with_capacity(texts.len());
@@ -453,6 +443,18 @@ fn max(a: &[f32]) -> f32 {
         .iter()
         .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     acc.iter().fold(tail, |m, &v| m.max(v))
+}
+
+/// `x = LayerNorm(x + residual)`, row by row (rows of the norm's width).
+#[inline(always)]
+fn add_and_norm(x: &mut [f32], residual: &[f32], norm: &Norm, eps: f32) {
+    let h = norm.weight.len();
+    for (row, res) in x.chunks_exact_mut(h).zip(residual.chunks_exact(h)) {
+        for (v, &r) in row.iter_mut().zip(res) {
+            *v += r;
+        }
+        layer_norm(row, norm, eps);
+    }
 }
 
 #[inline(always)]

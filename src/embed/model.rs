@@ -259,22 +259,22 @@ impl Embedder {
                 e.len()
             )));
         }
-        if !self.device.is_cpu() || batch == 1 {
-            let all: Vec<usize> = (0..batch).collect();
-            return self.forward_group(&encodings, &all, len);
-        }
-
         // Padding is on the right: a text's tokens are the first `real` of
         // its `len`, and a micro-batch needs only its longest text's.
         let real: Vec<usize> = encodings
             .iter()
             .map(|e| e.get_attention_mask().iter().filter(|&&m| m != 0).count())
             .collect();
+        if !self.device.is_cpu() || batch == 1 {
+            let all: Vec<usize> = (0..batch).collect();
+            return self.forward_group(&encodings, &real, &all, len);
+        }
+
         let threads = rayon::current_num_threads().max(1);
         let groups = micro_batches(&real, threads);
         let run = |group: &[usize]| {
             let longest = group.iter().map(|&i| real[i]).max().unwrap_or(0);
-            self.forward_group(&encodings, group, longest.clamp(1, len))
+            self.forward_group(&encodings, &real, group, longest.clamp(1, len))
         };
         // The groups come longest first; each thread takes the next one, so
         // the short ones even out the end.
@@ -311,21 +311,22 @@ impl Embedder {
     }
 
     /// The model on the texts `group` of `encodings`, each cut to its first
-    /// `len` tokens (its padding beyond the group's longest text).
+    /// `len` tokens (its padding beyond the group's longest text); `real`
+    /// holds every encoding's unpadded length.
     fn forward_group(
         &self,
         encodings: &[tokenizers::Encoding],
+        real: &[usize],
         group: &[usize],
         len: usize,
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
         if let Some(int8) = &self.int8 {
-            // Ragged: each text's real tokens only (padding is on the right).
+            // Ragged: each text's real tokens only.
             let texts: Vec<_> = group
                 .iter()
                 .map(|&i| {
                     let e = &encodings[i];
-                    let real = e.get_attention_mask().iter().filter(|&&m| m != 0).count();
-                    (&e.get_ids()[..real], &e.get_type_ids()[..real])
+                    (&e.get_ids()[..real[i]], &e.get_type_ids()[..real[i]])
                 })
                 .collect();
             return int8

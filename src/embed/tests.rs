@@ -178,12 +178,19 @@ fn an_empty_batch_gives_no_vectors() {
 fn a_batch_gives_the_same_vectors_as_one_text_at_a_time() {
     for pooling in [Pooling::Mean, Pooling::Cls] {
         let embedder = load(&tiny_model("batch", pooling));
-        let batched = embedder.embed(TEXTS).expect("embed batch");
-        for (text, b) in TEXTS.iter().zip(&batched) {
-            let alone = embedder.embed(&[text]).expect("embed one");
-            let diff = max_abs_diff(&alone[0], b);
-            assert!(diff < 1e-4, "{pooling:?} {text:?}: differs by {diff}");
-        }
+        assert_batch_matches_one_at_a_time(&embedder, TEXTS, pooling);
+    }
+}
+
+/// Every text of `texts` embedded in one call gets, in its place, the
+/// vector it gets alone.
+fn assert_batch_matches_one_at_a_time(embedder: &Embedder, texts: &[&str], pooling: Pooling) {
+    let batched = embedder.embed(texts).expect("embed batch");
+    assert_eq!(batched.len(), texts.len());
+    for (text, b) in texts.iter().zip(&batched) {
+        let alone = embedder.embed(&[text]).expect("embed one");
+        let diff = max_abs_diff(&alone[0], b);
+        assert!(diff < 1e-4, "{pooling:?} {text:?}: differs by {diff}");
     }
 }
 
@@ -207,13 +214,7 @@ fn a_mixed_batch_cut_into_micro_batches_gives_each_text_its_own_vector() {
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     for pooling in [Pooling::Mean, Pooling::Cls] {
         let embedder = load(&tiny_model("micro", pooling));
-        let batched = embedder.embed(&refs).expect("embed batch");
-        assert_eq!(batched.len(), refs.len());
-        for (text, b) in refs.iter().zip(&batched) {
-            let alone = embedder.embed(&[text]).expect("embed one");
-            let diff = max_abs_diff(&alone[0], b);
-            assert!(diff < 1e-4, "{pooling:?} {text:?}: differs by {diff}");
-        }
+        assert_batch_matches_one_at_a_time(&embedder, &refs, pooling);
     }
 }
 

@@ -603,34 +603,33 @@ mod tests {
             .expect("a false positive");
         let s = MemoryStore::new(Duration::from_secs(60), usize::MAX);
         s.record_now(vec![record]);
-        let mut q = query(2, 10_000, 10_010);
-        q.shingles.extend((40..70).map(mix));
-        q.shingles.push(x);
-        q.shingles.extend((20_000..20_010).map(mix));
-        let r = s.lookup_now(&[q]);
-        let runs: Vec<(usize, usize)> = r[0].runs.iter().map(|r| (r.first, r.last)).collect();
+        // Tenant 2's answer: 10 own shingles, then `middle`, then 10 more.
+        let runs = |middle: Vec<u64>| {
+            let mut q = query(2, 10_000, 10_010);
+            q.shingles.extend(middle);
+            q.shingles.extend((20_000..20_010).map(mix));
+            let r = s.lookup_now(&[q]);
+            r[0].runs
+                .iter()
+                .map(|r| (r.first, r.last))
+                .collect::<Vec<_>>()
+        };
+        let run: Vec<u64> = (40..70).map(mix).collect();
+        let then_x = run.iter().copied().chain([x]).collect();
         assert_eq!(
-            runs,
+            runs(then_x),
             vec![(10, 39)],
             "the run ends at the record's last shingle"
         );
 
         // And at its start: a shingle y wrongly linked to the run's first.
-        let record = rec(1, 0, 100);
         let y = (2_000_000..)
             .map(mix)
             .find(|&y| bloom.contains(pair(y, mix(40))) && !bloom.contains(single(y)))
             .expect("a false positive");
-        let s = MemoryStore::new(Duration::from_secs(60), usize::MAX);
-        s.record_now(vec![record]);
-        let mut q = query(2, 10_000, 10_010);
-        q.shingles.push(y);
-        q.shingles.extend((40..70).map(mix));
-        q.shingles.extend((20_000..20_010).map(mix));
-        let r = s.lookup_now(&[q]);
-        let runs: Vec<(usize, usize)> = r[0].runs.iter().map(|r| (r.first, r.last)).collect();
+        let y_then = [y].into_iter().chain(run.iter().copied()).collect();
         assert_eq!(
-            runs,
+            runs(y_then),
             vec![(11, 40)],
             "the run starts at the record's first shingle"
         );
